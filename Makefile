@@ -1,0 +1,45 @@
+# Two commands: `make demo` and `make test`. Both create .venv at the repo root.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+OUT := out
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: demo test lint docs sample clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[test]'
+	touch $(VENV)/.installed $@
+
+demo: $(VENV)/.installed
+	@mkdir -p $(OUT)
+	rm -f $(OUT)/demo.duckdb
+	$(BIN)/audit --db $(OUT)/demo.duckdb ingest mlflow --tracking-uri sample_logs/mlruns
+	$(BIN)/audit --db $(OUT)/demo.duckdb status
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# Rewrites the command reference in README.md from the commands' --help.
+docs: $(VENV)/.installed
+	$(BIN)/python -m audit.docs README.md
+
+# Rewrites sample_logs/ from sample_logs/generate.py (needs the full mlflow: make test first).
+sample: $(VENV)/.installed-test
+	$(BIN)/python sample_logs/generate.py
+
+clean:
+	rm -rf $(VENV) $(OUT) build dist *.egg-info

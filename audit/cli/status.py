@@ -1,0 +1,57 @@
+"""``audit status``: what the warehouse holds."""
+
+from __future__ import annotations
+
+import click
+
+from audit.cli import AppContext, cli, pass_app
+from audit.cli.output import count, table
+from audit.status import warehouse_status
+
+
+@cli.command()
+@pass_app
+def status(app: AppContext) -> None:
+    """Show sources, time range and row counts of the warehouse.
+
+    \b
+    Example:
+      audit --db team.duckdb status
+    """
+    with app.warehouse(read_only=True) as wh:
+        report = warehouse_status(wh)
+    click.echo(f"warehouse {app.db_path} (schema v{report['schema_version']})")
+    if not report["sources"]:
+        click.echo("no sources imported yet; run `audit ingest mlflow --tracking-uri URI`")
+        return
+    click.echo("")
+    click.echo(
+        table(
+            ["source", "kind", "location", "experiments", "runs", "deleted", "last import"],
+            [
+                [
+                    s["source_id"],
+                    s["kind"],
+                    s["location"],
+                    count(s["experiments"]),
+                    count(s["runs"]),
+                    count(s["deleted_runs"]),
+                    s["last_imported_at"],
+                ]
+                for s in report["sources"]
+            ],
+            right={3, 4, 5},
+        )
+    )
+    totals = report["totals"]
+    click.echo("")
+    click.echo(
+        f"runs {count(totals['runs'])} ({count(totals['deleted_runs'])} deleted), "
+        f"params {count(totals['params'])}, tags {count(totals['tags'])}, "
+        f"metric points {count(totals['metric_points'])}, "
+        f"dataset inputs {count(totals['dataset_inputs'])}"
+    )
+    if report["first_run"]:
+        click.echo(f"runs started between {report['first_run']} and {report['last_run']} (UTC)")
+    by_status = ", ".join(f"{k} {count(v)}" for k, v in report["runs_by_status"])
+    click.echo(f"run status: {by_status}")

@@ -1,0 +1,1 @@
+"""Importers: the only code that writes the warehouse. One sub-package per source kind."""

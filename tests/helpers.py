@@ -1,0 +1,195 @@
+"""Real parts for tests: an mlflow server process, reference runs logged with the client."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "realdata"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def mlflow_server(workdir: Path):
+    """A real ``mlflow server`` (SQLite backend) on 127.0.0.1; yields (url, backend_db)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    backend = workdir / "backend.db"
+    port = free_port()
+    log = open(workdir / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{backend}",
+            "--default-artifact-root",
+            str(workdir / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
+        env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"mlflow server exited: {(workdir / 'server.log').read_text()[-2000:]}"
+                )
+            try:
+                if requests.get(f"{url}/health", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("mlflow server did not start in 120 s")
+            time.sleep(0.3)
+        yield url, backend
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def log_reference_runs(tracking_uri: str) -> dict[str, str]:
+    """Log a small but varied history with the real client; returns run name -> run id.
+
+    Covers nested metric keys, NaN values, numeric param spellings, booleans, datasets,
+    a failed and a deleted run, a deleted experiment and a registered model.
+    """
+    from mlflow import MlflowClient
+    from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    t0 = 1_794_787_200_000
+    exp_a = client.create_experiment("sft-coder")
+    exp_b = client.create_experiment("rl-coder")
+    exp_gone = client.create_experiment("scratch")
+    ids: dict[str, str] = {}
+    specs = [
+        ("sft-a", exp_a, "FINISHED", {"learning_rate": "1e-5", "bf16": "True", "lora_rank": "64"}),
+        (
+            "sft-b",
+            exp_a,
+            "FINISHED",
+            {"learning_rate": "0.00001", "bf16": "true", "lora_rank": "64.0"},
+        ),
+        ("sft-c", exp_a, "FAILED", {"learning_rate": "1E-5", "bf16": "FALSE", "lora_rank": "8"}),
+        ("rl-a", exp_b, "FINISHED", {"learning_rate": "2e-06", "kl_coef": "0.050", "method": "rl"}),
+        ("rl-deleted", exp_b, "KILLED", {"learning_rate": "3e-06", "note": "debug run"}),
+        ("tmp", exp_gone, "FINISHED", {"x": "1"}),
+    ]
+    for i, (name, exp, status, params) in enumerate(specs):
+        start = t0 + i * 3_600_000
+        run = client.create_run(
+            exp,
+            start_time=start,
+            run_name=name,
+            tags={"team": "coder" if i % 2 == 0 else "agents", "slurm_job_id": str(100 + i)},
+        )
+        run_id = run.info.run_id
+        ids[name] = run_id
+        client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+        metrics = [Metric("train/loss", 2.0 / (s + 1), start + s * 1000, s) for s in range(0, 40)]
+        metrics += [
+            Metric("eval/general/mmlu", 0.7 - 0.001 * s, start + s * 1000, s)
+            for s in range(0, 40, 10)
+        ]
+        metrics.append(
+            Metric(
+                "eval/target/pass_at_1", math.nan if name == "sft-c" else 0.4, start + 50_000, 40
+            )
+        )
+        client.log_batch(run_id, metrics=metrics)
+        if exp == exp_a:
+            client.log_inputs(
+                run_id,
+                [
+                    DatasetInput(
+                        Dataset(
+                            name="codeedit",
+                            digest="d1g357",
+                            source_type="local",
+                            source="/data/codeedit.jsonl",
+                        ),
+                        [InputTag("mlflow.data.context", "train")],
+                    )
+                ],
+            )
+        client.set_terminated(run_id, status, end_time=start + 1_800_000)
+    client.delete_run(ids["rl-deleted"])
+    client.delete_experiment(exp_gone)
+    client.create_registered_model("coder-sft")
+    source = client.get_run(ids["sft-a"]).info.artifact_uri + "/model"
+    client.create_model_version("coder-sft", source, run_id=ids["sft-a"])
+    return ids
+
+
+def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
+    """Table contents keyed by run name instead of store-specific ids, for comparisons."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        names = dict(con.execute("SELECT run_id, name FROM runs").fetchall())
+        out = {
+            "runs": sorted(
+                con.execute(
+                    "SELECT name, user_id, status, start_time, end_time, lifecycle_stage, source_commit FROM runs"
+                ).fetchall()
+            ),
+            "experiments": sorted(
+                con.execute("SELECT name, lifecycle_stage FROM experiments").fetchall()
+            ),
+        }
+        for table, cols in {
+            "params": "key, value, value_num, value_norm",
+            "tags": "key, value",
+            "metrics": "key, value, step, ts",
+            "latest_metrics": "key, value, step, ts",
+            "dataset_inputs": "name, digest, source_type, source, context",
+        }.items():
+            rows = con.execute(f"SELECT run_id, {cols} FROM {table}").fetchall()
+            out[table] = sorted(
+                (
+                    names[r[0]],
+                    *(("nan" if isinstance(v, float) and math.isnan(v) else v) for v in r[1:]),
+                )
+                for r in rows
+                if not (table == "tags" and r[1].startswith("mlflow.") and r[1] != "mlflow.runName")
+            )
+        out["model_versions"] = sorted(
+            (n, v, names.get(r))
+            for n, v, r in con.execute(
+                "SELECT name, version, run_id FROM model_versions"
+            ).fetchall()
+        )
+        return out
+    finally:
+        con.close()

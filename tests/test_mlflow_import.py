@@ -1,0 +1,221 @@
+"""MLflow import through all three store kinds, incremental and idempotent."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import duckdb
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
+from tests.helpers import log_reference_runs, warehouse_rows
+
+
+def _counts(db) -> dict[str, int]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {
+            t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+            for t in (
+                "runs",
+                "params",
+                "tags",
+                "metrics",
+                "latest_metrics",
+                "dataset_inputs",
+                "model_versions",
+            )
+        }
+    finally:
+        con.close()
+
+
+def test_http_and_sqlite_give_identical_warehouses(server, run_cli, tmp_path):
+    via_http, via_sqlite = tmp_path / "http.duckdb", tmp_path / "sqlite.duckdb"
+    code, out, err = run_cli(
+        "--db", str(via_http), "ingest", "mlflow", "--tracking-uri", server["url"]
+    )
+    assert code == 0, err
+    assert out.startswith("imported 6 new or changed runs (0 unchanged) from http://127.0.0.1:")
+    code, out, err = run_cli(
+        "--db",
+        str(via_sqlite),
+        "ingest",
+        "mlflow",
+        "--tracking-uri",
+        f"sqlite:///{server['backend']}",
+    )
+    assert code == 0, err
+    http_rows, sqlite_rows = warehouse_rows(via_http), warehouse_rows(via_sqlite)
+    assert http_rows == sqlite_rows
+    # The content is the logged content, not merely equal between two readers.
+    assert len(http_rows["runs"]) == 6
+    assert ("rl-deleted", "deleted") in {(r[0], r[5]) for r in http_rows["runs"]}
+    assert ("scratch", "deleted") in http_rows["experiments"]
+    assert len(http_rows["metrics"]) == 6 * (40 + 4 + 1)
+    assert ("sft-c", "eval/target/pass_at_1", "nan", 40) in {
+        r[:4] for r in http_rows["latest_metrics"]
+    }
+    assert ("sft-b", "learning_rate", "0.00001", 1e-05, "0.00001") in http_rows["params"]
+    assert http_rows["model_versions"] == [("coder-sft", "1", "sft-a")]
+    assert len(http_rows["dataset_inputs"]) == 3
+
+
+def test_file_store_gives_the_same_content(server, run_cli, tmp_path):
+    store = tmp_path / "mlruns"
+    log_reference_runs(store.as_uri())
+    via_file, via_sqlite = tmp_path / "file.duckdb", tmp_path / "sqlite.duckdb"
+    assert run_cli("--db", str(via_file), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    assert (
+        run_cli(
+            "--db",
+            str(via_sqlite),
+            "ingest",
+            "mlflow",
+            "--tracking-uri",
+            f"sqlite:///{server['backend']}",
+        )[0]
+        == 0
+    )
+    file_rows, sqlite_rows = warehouse_rows(via_file), warehouse_rows(via_sqlite)
+    for table in (
+        "params",
+        "tags",
+        "metrics",
+        "latest_metrics",
+        "dataset_inputs",
+        "model_versions",
+    ):
+        assert file_rows[table] == sqlite_rows[table], table
+    # user_id differs by store (file store records the OS user), everything else must match
+    strip_user = lambda rows: [r[:1] + r[2:] for r in rows]  # noqa: E731
+    assert strip_user(file_rows["runs"]) == strip_user(sqlite_rows["runs"])
+    assert sorted(file_rows["experiments"]) == sorted(e for e in sqlite_rows["experiments"])
+
+
+def test_incremental_import_rewrites_only_changed_runs(server, run_cli, tmp_path):
+    backend = tmp_path / "copy.db"
+    shutil.copy(server["backend"], backend)
+    uri = f"sqlite:///{backend}"
+    db = tmp_path / "w.duckdb"
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", uri)[0] == 0
+    before = _counts(db)
+    code, out, _ = run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", uri)
+    assert code == 0
+    assert out.startswith("imported 0 new or changed runs (6 unchanged)")
+    assert _counts(db) == before
+
+    client = MlflowClient(tracking_uri=uri)
+    ids = {
+        r.info.run_name: r.info.run_id
+        for r in client.search_runs(
+            [e.experiment_id for e in client.search_experiments(view_type=3)], run_view_type=3
+        )
+    }
+    client.set_tag(ids["sft-a"], "audit.baseline", "true")
+    client.log_metric(ids["rl-a"], "eval/general/mmlu", 0.5, timestamp=1_794_800_000_000, step=99)
+    new_run = client.create_run(
+        client.get_experiment_by_name("sft-coder").experiment_id, run_name="sft-new"
+    )
+    client.log_batch(new_run.info.run_id, metrics=[Metric("train/loss", 1.0, 1_794_800_000_000, 0)])
+
+    code, out, _ = run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", uri)
+    assert code == 0
+    assert out.startswith("imported 3 new or changed runs (4 unchanged)")
+    after = _counts(db)
+    assert after["runs"] == before["runs"] + 1
+    assert after["tags"] == before["tags"] + 1 + 1  # the new tag, the new run's runName tag
+    assert after["metrics"] == before["metrics"] + 2
+    con = duckdb.connect(str(db), read_only=True)
+    dupes = con.execute(
+        "SELECT count(*) FROM (SELECT source_id, run_id, key FROM params GROUP BY ALL HAVING count(*) > 1)"
+    ).fetchall()[0][0]
+    latest = con.execute(
+        "SELECT value, step FROM latest_metrics l JOIN runs r USING (source_id, run_id) "
+        "WHERE r.name = 'rl-a' AND key = 'eval/general/mmlu'"
+    ).fetchall()
+    logs = con.execute(
+        "SELECT runs_seen, runs_written, runs_unchanged FROM import_log ORDER BY import_id"
+    ).fetchall()
+    con.close()
+    assert dupes == 0
+    assert latest == [(0.5, 99)]
+    assert logs == [(6, 6, 0), (6, 0, 6), (7, 3, 4)]
+
+
+def test_two_sources_stay_apart(server, run_cli, tmp_path):
+    db = tmp_path / "w.duckdb"
+    store = tmp_path / "mlruns"
+    log_reference_runs(store.as_uri())
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    assert (
+        run_cli(
+            "--db", str(db), "ingest", "mlflow", "--tracking-uri", f"sqlite:///{server['backend']}"
+        )[0]
+        == 0
+    )
+    con = duckdb.connect(str(db), read_only=True)
+    per_source = con.execute(
+        "SELECT source_id, count(*) FROM runs GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    kinds = sorted(r[0] for r in con.execute("SELECT kind FROM sources").fetchall())
+    con.close()
+    assert [n for _, n in per_source] == [6, 6]
+    assert kinds == ["file", "sqlite"]
+
+
+def test_experiment_filter(server, run_cli, tmp_path):
+    db = tmp_path / "w.duckdb"
+    code, out, _ = run_cli(
+        "--db",
+        str(db),
+        "ingest",
+        "mlflow",
+        "--tracking-uri",
+        server["url"],
+        "--experiment",
+        "rl-coder",
+    )
+    assert code == 0
+    assert out.startswith("imported 2 new or changed runs")
+    code, _, err = run_cli(
+        "--db", str(db), "ingest", "mlflow", "--tracking-uri", server["url"], "--experiment", "nope"
+    )
+    assert code == 2
+    assert "no experiment named 'nope'; available: Default, rl-coder, scratch, sft-coder" in err
+
+
+def test_secrets_are_never_stored_or_printed(server, run_cli, tmp_path):
+    db = tmp_path / "w.duckdb"
+    secret_token, secret_password = "tok-SECRET-4242", "pw-SECRET-9191"
+    url = server["url"].replace("http://", f"http://bob:{secret_password}@")
+    code, out, err = run_cli(
+        "--db",
+        str(db),
+        "ingest",
+        "mlflow",
+        "--tracking-uri",
+        url,
+        env={"MLFLOW_TRACKING_TOKEN": secret_token},
+    )
+    assert code == 0, err
+    con = duckdb.connect(str(db))
+    con.execute("CHECKPOINT")
+    con.close()
+    blob = db.read_bytes()
+    for secret in (secret_token, secret_password, "bob:"):
+        assert secret.encode() not in blob
+        assert secret not in out + err
+
+
+def test_nan_metric_survives(server, tmp_path, run_cli):
+    db = tmp_path / "w.duckdb"
+    run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", server["url"])
+    con = duckdb.connect(str(db), read_only=True)
+    (value,) = con.execute(
+        "SELECT m.value FROM metrics m JOIN runs r USING (source_id, run_id) "
+        "WHERE r.name = 'sft-c' AND m.key = 'eval/target/pass_at_1'"
+    ).fetchall()[0]
+    con.close()
+    assert math.isnan(value)
