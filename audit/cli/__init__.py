@@ -40,7 +40,8 @@ class AuditGroup(click.Group):
         try:
             return super().invoke(ctx)
         except AuditError as exc:
-            error = click.ClickException(str(exc))
+            # One line, whatever the wrapped library put in its message.
+            error = click.ClickException(" ".join(str(exc).split()))
             error.exit_code = exc.exit_code
             raise error from None
         except KeyboardInterrupt:

@@ -16,6 +16,7 @@ def status(app: AppContext) -> None:
 
     \b
     Example:
+      audit status
       audit --db team.duckdb status
     """
     with app.warehouse(read_only=True) as wh:

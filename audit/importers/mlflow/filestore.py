@@ -88,8 +88,13 @@ class FileStoreReader:
         try:
             with open(path, "rb") as fh:
                 data = yaml.load(fh, Loader=_Loader)
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError(f"{path}: cannot read MLflow metadata ({exc})") from None
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read MLflow metadata ({exc.strerror})") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or "invalid YAML"
+            raise InputError(f"{path}{where}: cannot read MLflow metadata ({problem})") from None
         if not isinstance(data, dict):
             raise InputError(f"{path}: expected a YAML mapping of MLflow metadata")
         return data

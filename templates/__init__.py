@@ -1,0 +1,1 @@
+"""Jinja templates for reports, shipped inside the package as ``audit.templates``."""

@@ -1,0 +1,77 @@
+"""Warehouse versioning: migrations upgrade older files, newer ones are refused."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from audit.errors import WarehouseError
+from audit.warehouse import SCHEMA_VERSION, migrations, open_warehouse
+from audit.warehouse import store as store_module
+
+
+def test_new_warehouse_has_current_schema(tmp_path):
+    with open_warehouse(tmp_path / "w.duckdb") as wh:
+        assert wh.scalar("SELECT value FROM audit_meta WHERE key = 'schema_version'") == str(
+            SCHEMA_VERSION
+        )
+        assert set(wh.table_counts()) == {
+            "sources",
+            "experiments",
+            "runs",
+            "params",
+            "tags",
+            "metrics",
+            "latest_metrics",
+            "dataset_inputs",
+            "model_versions",
+            "import_log",
+        }
+
+
+def test_older_warehouse_is_upgraded_in_place(tmp_path, monkeypatch):
+    path = tmp_path / "w.duckdb"
+    with open_warehouse(path) as wh:
+        wh.con.execute("INSERT INTO sources VALUES ('s1', 'file', '/x', NULL, NULL)")
+    upgraded = [
+        *migrations.MIGRATIONS,
+        "ALTER TABLE sources ADD COLUMN note VARCHAR DEFAULT 'kept'",
+    ]
+    monkeypatch.setattr(store_module, "MIGRATIONS", upgraded)
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", len(upgraded))
+    with open_warehouse(path) as wh:
+        assert wh.scalar("SELECT value FROM audit_meta WHERE key = 'schema_version'") == str(
+            len(upgraded)
+        )
+        assert wh.con.execute("SELECT source_id, note FROM sources").fetchall() == [("s1", "kept")]
+
+
+def test_newer_warehouse_is_refused(tmp_path):
+    path = tmp_path / "w.duckdb"
+    with open_warehouse(path) as wh:
+        wh.con.execute("UPDATE audit_meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(
+        WarehouseError, match="schema version 99, newer than this audit understands"
+    ):
+        open_warehouse(path)
+
+
+def test_foreign_duckdb_file_is_refused(tmp_path):
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE t (x INT)")
+    con.close()
+    with pytest.raises(WarehouseError, match="not an audit warehouse"):
+        open_warehouse(path)
+
+
+def test_read_only_open_of_missing_file(tmp_path):
+    with pytest.raises(WarehouseError, match="no warehouse at"):
+        open_warehouse(tmp_path / "missing.duckdb", read_only=True)
+
+
+def test_garbage_file_is_refused(tmp_path):
+    path = tmp_path / "junk.duckdb"
+    path.write_bytes(b"\x00junk" * 1000)
+    with pytest.raises(WarehouseError, match="cannot open warehouse"):
+        open_warehouse(path)
