@@ -42,7 +42,7 @@ def _make_file_store_with(tmp_path: Path, relpath: str, content: str) -> Path:
         (lambda p: "sqlite://relative.db", "SQLite URIs look like sqlite:///relative.db"),
         (lambda p: "mysql://user:secret@db/mlflow", "unsupported tracking URI scheme 'mysql'"),
         (lambda p: str(p / "empty"), "empty folder, not an MLflow file store"),
-        (lambda p: f"sqlite:///{p / 'text.db'}", "cannot read as SQLite"),
+        (lambda p: f"sqlite:///{p / 'text.db'}", "cannot read (file is not a database)"),
         (lambda p: f"sqlite:///{p / 'other.db'}", "not an MLflow tracking database"),
         (lambda p: f"sqlite:///{p / 'empty'}", "is a directory"),
         (lambda p: str(p / "text.db"), "is a file; a SQLite store is passed as sqlite:///"),

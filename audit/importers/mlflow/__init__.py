@@ -7,7 +7,10 @@ re-import fetches only new or changed runs and never duplicates rows.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +20,7 @@ import polars as pl
 
 from audit.config import Config, load_config
 from audit.errors import InputError
-from audit.importers.mlflow.base import MlflowReader, latest_from_history, stable_hash
+from audit.importers.mlflow.base import DetailBatch, MlflowReader, latest_from_history, stable_hash
 from audit.importers.mlflow.filestore import FileStoreReader
 from audit.importers.mlflow.normalise import normalised_params
 from audit.importers.mlflow.rest import RestReader, redact_url
@@ -132,7 +135,7 @@ def import_mlflow(
                 )
             _insert(con, "runs", _runs_frame(changed, source_id, started_at))
             progress.start(len(changed_ids))
-            for batch in reader.details(changed_ids):
+            for batch in prefetch(reader.details(changed_ids)):
                 latest = batch.latest_metrics
                 if latest is None:
                     latest = latest_from_history(batch.metrics)
@@ -169,6 +172,43 @@ def import_mlflow(
         progress.stop()
         reader.close()
     return summary
+
+
+def prefetch(batches: Iterator[DetailBatch], depth: int = 2) -> Iterator[DetailBatch]:
+    """Read the next batches in a thread while the caller writes the current one.
+
+    Reading (SQLite/HTTP, Arrow conversion) and DuckDB inserts both release the GIL, so
+    the two overlap on separate cores. Errors in the reader re-raise in the caller.
+    """
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        handoff.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handoff.put(done)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            handoff.put(exc)
+
+    thread = threading.Thread(target=produce, name="audit-import-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := handoff.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def _select_experiments(experiments: pl.DataFrame, names: list[str], location: str) -> list[str]:
@@ -227,6 +267,7 @@ def _runs_frame(runs: pl.DataFrame, source_id: str, now: datetime) -> pl.DataFra
 def _metric_frame(metrics: pl.DataFrame, source_id: str) -> pl.DataFrame:
     return metrics.with_columns(
         source_id=pl.lit(source_id),
+        value=pl.col("value").fill_null(float("nan")),  # MLflow stores NaN as NULL + is_nan
         ts=pl.from_epoch(pl.col("timestamp"), time_unit="ms"),
     ).drop("timestamp")
 

@@ -1,0 +1,1 @@
+"""Benchmarks: deterministic large histories and timings against MLflow's own search."""
