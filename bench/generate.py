@@ -124,8 +124,9 @@ def create_store(path: Path, experiments: int) -> list[str]:
 
 
 def write_with_client(path: Path, runs, experiment_ids: list[str]) -> None:
+    """The reference writer: the real MLflow client (run ids are the client's own)."""
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunStatus
+    from mlflow.entities import Metric, Param
 
     client = MlflowClient(tracking_uri=f"sqlite:///{path}")
     for run in runs:
@@ -135,29 +136,13 @@ def write_with_client(path: Path, runs, experiment_ids: list[str]) -> None:
             tags=run.tags,
             run_name=run.name,
         )
-        client.store.update_run_info(
-            created.info.run_id, RunStatus.from_string("RUNNING"), None, run.name
-        )
-        _rename_run(path, created.info.run_id, run)
+        run_id = created.info.run_id
         client.log_batch(
-            run.run_id,
+            run_id,
             params=[Param(k, v) for k, v in run.params.items()],
             metrics=[Metric(k, v, ts, step) for k, v, ts, step in run.metrics],
         )
-        client.set_terminated(run.run_id, run.status, end_time=run.end_ms)
-
-
-def _rename_run(path: Path, client_id: str, run: SyntheticRun) -> None:
-    # The client draws random run ids; give the run the synthetic id (and user) so both
-    # writers produce the same history.
-    con = sqlite3.connect(path)
-    con.execute(
-        "UPDATE runs SET run_uuid = ?, user_id = ? WHERE run_uuid = ?",
-        (run.run_id, run.user, client_id),
-    )
-    con.execute("UPDATE tags SET run_uuid = ? WHERE run_uuid = ?", (run.run_id, client_id))
-    con.commit()
-    con.close()
+        client.set_terminated(run_id, run.status, end_time=run.end_ms)
 
 
 def write_bulk(path: Path, runs, experiment_ids: list[str], batch: int = 2000) -> None:
