@@ -23,6 +23,10 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "cluster": {
         "timezone": ((str,), "UTC"),
     },
+    "links": {
+        "job_tag_keys": ((list,), ["slurm_job_id", "slurm.job_id", "SLURM_JOB_ID"]),
+        "time_slack_minutes": ((int, float), 5),
+    },
     "mlflow": {
         "http_timeout_seconds": ((int, float), 30),
         "http_max_retries": ((int,), 5),
@@ -96,6 +100,8 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: Path) 
                 raise InputError(
                     f"config {path}: [{section}] {key} must be {wanted}, got {value!r}"
                 )
+            if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+                raise InputError(f"config {path}: [{section}] {key} must be a list of strings")
             values[section][key] = value
     try:
         ZoneInfo(values["cluster"]["timezone"])

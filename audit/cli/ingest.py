@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from audit.cli import AppContext, cli, pass_app
@@ -56,4 +58,112 @@ def ingest_mlflow(app: AppContext, tracking_uri: str, experiments: tuple[str, ..
             config=config,
             progress=ProgressReporter("importing runs"),
         )
+    click.echo(summary.line())
+
+
+def _paths(values: tuple[str, ...]) -> list[Path]:
+    return [Path(v) for v in values]
+
+
+def _fields(value: str | None) -> list[str] | None:
+    return [f.strip() for f in value.split(",")] if value else None
+
+
+def _report_skipped(summary) -> None:
+    for message in summary.skipped[:20]:
+        click.echo(f"skipped: {message}", err=True)
+    if len(summary.skipped) > 20:
+        click.echo(f"skipped: ... {len(summary.skipped) - 20} more bad lines", err=True)
+
+
+skip_bad_option = click.option(
+    "--skip-bad",
+    is_flag=True,
+    help="Import the good lines and report the bad ones (default: stop at the first bad line, write nothing).",
+)
+
+
+@ingest.command("slurm")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--fields", metavar="F1,F2,...", help="Column names of headerless output, in order (the sacct --format list).")
+@click.option("--delimiter", default="|", show_default=True, help="Field separator (sacct --delimiter).")
+@click.option("--cluster", default="default", show_default=True, help="Cluster name, to keep job ids of several clusters apart.")
+@skip_bad_option
+@pass_app
+def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -> None:
+    """Import Slurm accounting (sacct -P output, with or without header).
+
+    Job and step rows (123.batch, 123.0, 123_4) are read; step usage (GPU utilisation and
+    memory from TRESUsageInMax) rolls up to the job. Naive times are read in the
+    configured [cluster] timezone.
+
+    \b
+    Example:
+      sacct -a -X -P -S 2026-11-16 -E 2026-11-23 -o JobID,JobName,User,... > week.sacct
+      audit ingest slurm week.sacct
+      audit ingest slurm --fields JobID,JobName,User --delimiter '☃' dump.txt
+    """
+    from audit.importers.cluster import import_slurm
+
+    if not delimiter:
+        raise click.UsageError("--delimiter must not be empty")
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_slurm(wh, _paths(files), config, _fields(fields), delimiter, skip_bad, cluster)
+    _report_skipped(summary)
+    click.echo(summary.line())
+
+
+@ingest.command("gpu")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--host", help="Host of nvidia-smi files (default: each file's name without extension).")
+@click.option("--fields", metavar="F1,F2,...", help="Columns of nvidia-smi --format=csv,noheader files (the --query-gpu list).")
+@click.option(
+    "--at",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+    help="Time (UTC) of DCGM snapshots without sample timestamps (default: the file's modification time).",
+)
+@skip_bad_option
+@pass_app
+def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
+    """Import GPU telemetry: nvidia-smi CSV, dcgm-exporter text, Prometheus JSON.
+
+    The format is detected from the content. nvidia-smi files may have any column order
+    and subset, units in the header or the values, N/A values, and no index column.
+
+    \b
+    Example:
+      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total \\
+          --format=csv -l 60 > gpu-node07.csv
+      audit ingest gpu gpu-node07.csv --host gpu-node07
+      audit ingest gpu dcgm-snapshot.txt prom-range.json
+    """
+    from audit.importers.cluster import import_gpu
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_gpu(wh, _paths(files), config, host, _fields(fields), skip_bad, at)
+    _report_skipped(summary)
+    click.echo(summary.line())
+
+
+@ingest.command("checkpoints")
+@click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=str))
+@pass_app
+def ingest_checkpoints(app: AppContext, roots) -> None:
+    """Inventory checkpoint folders (HF Trainer, Lightning, loose weight files).
+
+    Symlinks are not followed. Each checkpoint is linked to its run through the run's
+    output_dir param, a run id in the path, or the run's local artifact URI. A rescan of
+    a root replaces its inventory.
+
+    \b
+    Example:
+      audit ingest checkpoints /scratch/coder/ckpt /scratch/agents/ckpt
+    """
+    from audit.importers.cluster import import_checkpoints
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_checkpoints(wh, _paths(roots), config)
     click.echo(summary.line())

@@ -106,4 +106,92 @@ CREATE TABLE import_log (
 );
 """
 
-MIGRATIONS: list[str] = [V1]
+
+V2 = """
+CREATE TABLE jobs (
+    cluster VARCHAR NOT NULL,            -- --cluster name given at import ('default')
+    job_id VARCHAR NOT NULL,             -- 123, 123_4 (array task), 123+0 (het component)
+    array_job_id VARCHAR,
+    name VARCHAR,
+    user_name VARCHAR,
+    account VARCHAR,
+    partition VARCHAR,
+    state VARCHAR,                       -- COMPLETED, CANCELLED, FAILED, TIMEOUT, ...
+    state_detail VARCHAR,                -- as written, e.g. 'CANCELLED by 10314909'
+    submit_time TIMESTAMP,               -- UTC (naive sacct times read in [cluster] timezone)
+    start_time TIMESTAMP,
+    end_time TIMESTAMP,
+    elapsed_s BIGINT,
+    timelimit_s BIGINT,                  -- NULL: UNLIMITED / Partition_Limit / unknown
+    nnodes INTEGER,
+    ncpus INTEGER,
+    nodelist VARCHAR,
+    gpus INTEGER,                        -- allocated (AllocTRES gres/gpu=N), 0 when none
+    gpu_type VARCHAR,                    -- from the typed entry gres/gpu:TYPE=N
+    req_gpus INTEGER,
+    req_mem_bytes BIGINT,
+    max_rss_bytes BIGINT,                -- max over steps
+    max_gpu_util_pct DOUBLE,             -- max over steps of TRESUsageInMax gres/gpuutil
+    max_gpu_mem_bytes BIGINT,            -- max over steps of TRESUsageInMax gres/gpumem
+    steps INTEGER,
+    source_file VARCHAR,
+    imported_at TIMESTAMP
+);
+CREATE TABLE job_nodes (
+    cluster VARCHAR NOT NULL,
+    job_id VARCHAR NOT NULL,
+    host VARCHAR NOT NULL                -- NodeList expanded (gpu-a[01-03] -> gpu-a01, ...)
+);
+CREATE TABLE gpu_samples (
+    host VARCHAR NOT NULL,
+    gpu VARCHAR NOT NULL,                -- index, else UUID, else PCI bus id
+    ts TIMESTAMP NOT NULL,               -- UTC
+    util_pct REAL,
+    mem_used_mib REAL,
+    mem_total_mib REAL,
+    power_w REAL,
+    model VARCHAR,
+    uuid VARCHAR,
+    job_label VARCHAR,                   -- job id from a DCGM hpc_job label
+    pod VARCHAR,                         -- Kubernetes namespace/pod from DCGM labels
+    origin VARCHAR NOT NULL              -- nvidia-smi | dcgm | prometheus
+);
+CREATE TABLE checkpoints (
+    root VARCHAR NOT NULL,
+    path VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,               -- hf | lightning | file
+    step BIGINT,
+    epoch BIGINT,
+    bytes BIGINT NOT NULL,
+    files INTEGER NOT NULL,
+    mtime TIMESTAMP,
+    is_best BOOLEAN,                     -- trainer_state.json best_model_checkpoint points here
+    best_metric DOUBLE,
+    run_dir VARCHAR,                     -- the training output folder holding it
+    imported_at TIMESTAMP
+);
+CREATE TABLE run_jobs (
+    source_id VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    cluster VARCHAR NOT NULL,
+    job_id VARCHAR NOT NULL,
+    method VARCHAR NOT NULL              -- tag:<key> | user+time
+);
+CREATE TABLE checkpoint_runs (
+    path VARCHAR NOT NULL,
+    source_id VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    method VARCHAR NOT NULL              -- output_dir | run_id_in_path | artifact_uri
+);
+CREATE TABLE file_imports (
+    kind VARCHAR NOT NULL,               -- slurm | gpu | checkpoints
+    location VARCHAR NOT NULL,
+    imported_at TIMESTAMP NOT NULL,
+    rows_read BIGINT,
+    rows_written BIGINT,
+    rows_skipped BIGINT,
+    seconds DOUBLE
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2]

@@ -20,6 +20,8 @@ import polars as pl
 
 from audit.config import Config, load_config
 from audit.errors import InputError
+from audit.importers.files import insert_frame
+from audit.importers.links import refresh_links
 from audit.importers.mlflow.base import DetailBatch, MlflowReader, latest_from_history, stable_hash
 from audit.importers.mlflow.filestore import FileStoreReader
 from audit.importers.mlflow.normalise import normalised_params
@@ -133,21 +135,21 @@ def import_mlflow(
                     "AND run_id IN (SELECT run_id FROM audit_changed)",
                     [source_id],
                 )
-            _insert(con, "runs", _runs_frame(changed, source_id, started_at))
+            insert_frame(con, "runs", _runs_frame(changed, source_id, started_at))
             progress.start(len(changed_ids))
             for batch in prefetch(reader.details(changed_ids)):
                 latest = batch.latest_metrics
                 if latest is None:
                     latest = latest_from_history(batch.metrics)
-                _insert(
+                insert_frame(
                     con,
                     "params",
                     normalised_params(batch.params).with_columns(source_id=pl.lit(source_id)),
                 )
-                _insert(con, "tags", batch.tags.with_columns(source_id=pl.lit(source_id)))
-                _insert(con, "metrics", _metric_frame(batch.metrics, source_id))
-                _insert(con, "latest_metrics", _metric_frame(latest, source_id))
-                _insert(
+                insert_frame(con, "tags", batch.tags.with_columns(source_id=pl.lit(source_id)))
+                insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id))
+                insert_frame(con, "latest_metrics", _metric_frame(latest, source_id))
+                insert_frame(
                     con, "dataset_inputs", batch.datasets.with_columns(source_id=pl.lit(source_id))
                 )
                 summary.params += batch.params.height
@@ -156,7 +158,7 @@ def import_mlflow(
                 summary.datasets += batch.datasets.height
                 progress.advance(batch.run_count)
             con.execute("DELETE FROM model_versions WHERE source_id = ?", [source_id])
-            _insert(
+            insert_frame(
                 con,
                 "model_versions",
                 model_versions.with_columns(
@@ -165,6 +167,7 @@ def import_mlflow(
                 ),
             )
             summary.model_versions = model_versions.height
+            refresh_links(con, config or load_config(None))
             summary.seconds = time.monotonic() - started
             _log_import(con, summary, runs, started_at)
             con.execute("DROP TABLE audit_changed")
@@ -250,7 +253,7 @@ def _replace_experiments(con, source_id: str, experiments: pl.DataFrame) -> None
         [source_id],
     )
     con.unregister("incoming_experiments")
-    _insert(con, "experiments", frame)
+    insert_frame(con, "experiments", frame)
 
 
 def _runs_frame(runs: pl.DataFrame, source_id: str, now: datetime) -> pl.DataFrame:
@@ -270,17 +273,6 @@ def _metric_frame(metrics: pl.DataFrame, source_id: str) -> pl.DataFrame:
         value=pl.col("value").fill_null(float("nan")),  # MLflow stores NaN as NULL + is_nan
         ts=pl.from_epoch(pl.col("timestamp"), time_unit="ms"),
     ).drop("timestamp")
-
-
-def _insert(con, table: str, frame: pl.DataFrame) -> None:
-    if frame.is_empty():
-        return
-    columns = ", ".join(f'"{c}"' for c in frame.columns)
-    con.register("incoming", frame)
-    try:
-        con.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming")
-    finally:
-        con.unregister("incoming")
 
 
 def _log_import(con, summary: ImportSummary, runs: pl.DataFrame, started_at: datetime) -> None:

@@ -1,0 +1,63 @@
+"""Links between runs, jobs and checkpoints, recomputed inside every import transaction.
+
+- run -> job: a run tag holding the Slurm job id (``[links] job_tag_keys``), else the one job
+  of the same user whose allocation contains the run (± ``time_slack_minutes``).
+- checkpoint -> run: the run's ``output_dir`` param contains the checkpoint, or the run id
+  appears in the path, or the run's local ``artifact_uri`` contains it.
+"""
+
+from __future__ import annotations
+
+from audit.config import Config
+
+
+def refresh_links(con, config: Config) -> None:
+    keys = config.values["links"]["job_tag_keys"]
+    slack = float(config.values["links"]["time_slack_minutes"])
+    con.execute("DELETE FROM run_jobs")
+    con.execute(
+        """
+        INSERT INTO run_jobs
+        SELECT DISTINCT ON (t.source_id, t.run_id) t.source_id, t.run_id, j.cluster, j.job_id, 'tag:' || t.key
+        FROM tags t JOIN jobs j ON j.job_id = trim(t.value)
+        WHERE list_contains(?, t.key)
+        ORDER BY t.source_id, t.run_id, list_position(?, t.key), j.cluster
+        """,
+        [keys, keys],
+    )
+    con.execute(
+        """
+        INSERT INTO run_jobs
+        SELECT r.source_id, r.run_id, any_value(j.cluster), any_value(j.job_id), 'user+time'
+        FROM runs r
+        JOIN jobs j ON j.user_name = r.user_id
+             AND j.start_time <= r.start_time + to_minutes(CAST(? AS BIGINT))
+             AND coalesce(j.end_time, r.end_time) >= coalesce(r.end_time, r.start_time) - to_minutes(CAST(? AS BIGINT))
+        WHERE NOT EXISTS (SELECT 1 FROM run_jobs x WHERE x.source_id = r.source_id AND x.run_id = r.run_id)
+        GROUP BY r.source_id, r.run_id
+        HAVING count(*) = 1
+        """,
+        [round(slack), round(slack)],
+    )
+    con.execute("DELETE FROM checkpoint_runs")
+    con.execute(
+        r"""
+        INSERT INTO checkpoint_runs
+        WITH candidates AS (
+            SELECT c.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank
+            FROM checkpoints c JOIN params p ON p.key = 'output_dir'
+                 AND (c.path = rtrim(p.value, '/') OR starts_with(c.path, rtrim(p.value, '/') || '/'))
+            UNION ALL
+            SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2
+            FROM checkpoints c JOIN runs r
+                 ON r.run_id = regexp_extract(c.path, '(?:^|/)([0-9a-f]{32})(?:/|$)', 1)
+            UNION ALL
+            SELECT c.path, r.source_id, r.run_id, 'artifact_uri', 3
+            FROM checkpoints c JOIN runs r
+                 ON starts_with(c.path, regexp_replace(r.artifact_uri, '^file://', '') || '/')
+            WHERE r.artifact_uri LIKE 'file://%' OR r.artifact_uri LIKE '/%'
+        )
+        SELECT DISTINCT ON (path) path, source_id, run_id, method FROM candidates
+        ORDER BY path, rank, source_id, run_id
+        """
+    )
