@@ -19,11 +19,17 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[test]'
 	touch $(VENV)/.installed $@
 
+DEMO := $(BIN)/audit --db $(OUT)/demo.duckdb --config sample_logs/audit.toml
+
 demo: $(VENV)/.installed
 	@mkdir -p $(OUT)
 	rm -f $(OUT)/demo.duckdb
-	$(BIN)/audit --db $(OUT)/demo.duckdb ingest mlflow --tracking-uri sample_logs/mlruns
-	$(BIN)/audit --db $(OUT)/demo.duckdb status
+	$(BIN)/python sample_logs/make_checkpoints.py $(OUT)/scratch
+	$(DEMO) ingest mlflow --tracking-uri sample_logs/mlruns
+	$(DEMO) ingest slurm sample_logs/slurm/week47.sacct
+	$(DEMO) ingest gpu sample_logs/gpu/*.csv
+	$(DEMO) ingest checkpoints $(OUT)/scratch
+	$(DEMO) status
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
@@ -40,6 +46,7 @@ docs: $(VENV)/.installed
 # Rewrites sample_logs/ from sample_logs/generate.py (needs the full mlflow: make test first).
 sample: $(VENV)/.installed-test
 	$(BIN)/python sample_logs/generate.py
+	$(BIN)/python sample_logs/generate_cluster.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build dist *.egg-info

@@ -26,6 +26,8 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "links": {
         "job_tag_keys": ((list,), ["slurm_job_id", "slurm.job_id", "SLURM_JOB_ID"]),
         "time_slack_minutes": ((int, float), 5),
+        # paths as logged on the cluster -> where the same files are seen from here
+        "path_prefixes": ((dict,), {}),
     },
     "mlflow": {
         "http_timeout_seconds": ((int, float), 30),
@@ -46,6 +48,12 @@ class Config:
 
     def get(self, section: str, key: str) -> Any:
         return self.values[section][key]
+
+    def local_path(self, text: str) -> str:
+        """A path from a config value: relative ones are relative to the config file."""
+        if self.path is None or Path(text).is_absolute():
+            return text
+        return str((self.path.parent / text).resolve())
 
     @property
     def timezone(self) -> ZoneInfo:
@@ -102,6 +110,8 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: Path) 
                 )
             if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                 raise InputError(f"config {path}: [{section}] {key} must be a list of strings")
+            if isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
+                raise InputError(f"config {path}: [{section}] {key} must map strings to strings")
             values[section][key] = value
     try:
         ZoneInfo(values["cluster"]["timezone"])

@@ -44,7 +44,82 @@ def warehouse_status(wh: Warehouse) -> dict:
         },
         "first_run": first,
         "last_run": last,
+        "cluster": _cluster_status(wh),
         "runs_by_status": wh.con.execute(
             "SELECT coalesce(status, 'unknown'), count(*) FROM runs GROUP BY 1 ORDER BY 1"
         ).fetchall(),
+    }
+
+
+# A telemetry sample belongs to a job when its host and time fall inside exactly one job's
+# allocation on that host, or a DCGM hpc_job label names the job.
+SAMPLE_ATTACHMENT_SQL = """
+SELECT s.host, s.gpu, s.ts,
+       CASE WHEN s.job_label IS NOT NULL AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = s.job_label)
+            THEN 'attached'
+            WHEN count(j.job_id) = 1 THEN 'attached'
+            WHEN count(j.job_id) > 1 THEN 'ambiguous'
+            ELSE 'unattached' END AS attachment
+FROM gpu_samples s
+LEFT JOIN job_nodes n ON n.host = s.host
+LEFT JOIN jobs j ON j.cluster = n.cluster AND j.job_id = n.job_id
+     AND s.ts >= j.start_time AND s.ts < coalesce(j.end_time, TIMESTAMP '9999-12-31')
+GROUP BY s.host, s.gpu, s.ts, s.job_label
+"""
+
+
+def _cluster_status(wh: Warehouse) -> dict:
+    jobs = wh.con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE gpus > 0), "
+        "strftime(min(start_time), '%Y-%m-%d %H:%M'), strftime(max(end_time), '%Y-%m-%d %H:%M') FROM jobs"
+    ).fetchall()[0]
+    samples = wh.con.execute(
+        "SELECT count(*), count(DISTINCT host), count(DISTINCT host || '/' || gpu), "
+        "strftime(min(ts), '%Y-%m-%d %H:%M'), strftime(max(ts), '%Y-%m-%d %H:%M') FROM gpu_samples"
+    ).fetchall()[0]
+    attachment = dict(
+        wh.con.execute(
+            f"SELECT attachment, count(*) FROM ({SAMPLE_ATTACHMENT_SQL}) GROUP BY 1"
+        ).fetchall()
+    )
+    checkpoints = wh.con.execute(
+        "SELECT count(*), coalesce(sum(bytes), 0) FROM checkpoints"
+    ).fetchall()[0]
+    coverage = wh.con.execute(
+        """
+        SELECT
+          (SELECT count(*) FROM runs),
+          (SELECT count(DISTINCT (source_id, run_id)) FROM run_jobs),
+          (SELECT count(*) FROM jobs WHERE gpus > 0),
+          (SELECT count(*) FROM jobs j WHERE gpus > 0 AND EXISTS (
+              SELECT 1 FROM job_nodes n JOIN gpu_samples s ON s.host = n.host
+              WHERE n.cluster = j.cluster AND n.job_id = j.job_id
+                AND s.ts >= j.start_time AND s.ts < coalesce(j.end_time, TIMESTAMP '9999-12-31'))),
+          (SELECT count(*) FROM checkpoints),
+          (SELECT count(DISTINCT path) FROM checkpoint_runs)
+        """
+    ).fetchall()[0]
+    methods = wh.con.execute(
+        "SELECT method, count(*) FROM run_jobs GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    return {
+        "jobs": jobs[0],
+        "gpu_jobs": jobs[1],
+        "jobs_from": jobs[2],
+        "jobs_to": jobs[3],
+        "samples": samples[0],
+        "hosts": samples[1],
+        "gpus": samples[2],
+        "samples_from": samples[3],
+        "samples_to": samples[4],
+        "attached": attachment.get("attached", 0),
+        "unattached": attachment.get("unattached", 0),
+        "ambiguous": attachment.get("ambiguous", 0),
+        "checkpoints": checkpoints[0],
+        "checkpoint_bytes": checkpoints[1],
+        "runs": coverage[0],
+        "runs_with_job": coverage[1],
+        "link_methods": methods,
+        "gpu_jobs_with_telemetry": coverage[3],
+        "checkpoints_with_run": coverage[5],
     }

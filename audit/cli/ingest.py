@@ -85,9 +85,20 @@ skip_bad_option = click.option(
 
 @ingest.command("slurm")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--fields", metavar="F1,F2,...", help="Column names of headerless output, in order (the sacct --format list).")
-@click.option("--delimiter", default="|", show_default=True, help="Field separator (sacct --delimiter).")
-@click.option("--cluster", default="default", show_default=True, help="Cluster name, to keep job ids of several clusters apart.")
+@click.option(
+    "--fields",
+    metavar="F1,F2,...",
+    help="Column names of headerless output, in order (the sacct --format list).",
+)
+@click.option(
+    "--delimiter", default="|", show_default=True, help="Field separator (sacct --delimiter)."
+)
+@click.option(
+    "--cluster",
+    default="default",
+    show_default=True,
+    help="Cluster name, to keep job ids of several clusters apart.",
+)
 @skip_bad_option
 @pass_app
 def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -> None:
@@ -109,15 +120,23 @@ def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -
         raise click.UsageError("--delimiter must not be empty")
     config = app.config
     with app.warehouse() as wh:
-        summary = import_slurm(wh, _paths(files), config, _fields(fields), delimiter, skip_bad, cluster)
+        summary = import_slurm(
+            wh, _paths(files), config, _fields(fields), delimiter, skip_bad, cluster
+        )
     _report_skipped(summary)
     click.echo(summary.line())
 
 
 @ingest.command("gpu")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option("--host", help="Host of nvidia-smi files (default: each file's name without extension).")
-@click.option("--fields", metavar="F1,F2,...", help="Columns of nvidia-smi --format=csv,noheader files (the --query-gpu list).")
+@click.option(
+    "--host", help="Host of nvidia-smi files (default: each file's name without extension)."
+)
+@click.option(
+    "--fields",
+    metavar="F1,F2,...",
+    help="Columns of nvidia-smi --format=csv,noheader files (the --query-gpu list).",
+)
 @click.option(
     "--at",
     type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),

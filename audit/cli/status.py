@@ -56,3 +56,41 @@ def status(app: AppContext) -> None:
         click.echo(f"runs started between {report['first_run']} and {report['last_run']} (UTC)")
     by_status = ", ".join(f"{k} {count(v)}" for k, v in report["runs_by_status"])
     click.echo(f"run status: {by_status}")
+    c = report["cluster"]
+    click.echo("")
+    click.echo(
+        f"jobs {count(c['jobs'])} ({count(c['gpu_jobs'])} with GPUs)"
+        + (f", {c['jobs_from']} to {c['jobs_to']} (UTC)" if c["jobs"] else "")
+    )
+    click.echo(
+        f"GPU samples {count(c['samples'])} from {count(c['hosts'])} hosts / {count(c['gpus'])} GPUs"
+        + (f", {c['samples_from']} to {c['samples_to']} (UTC)" if c["samples"] else "")
+    )
+    click.echo(
+        f"  attached to a job {count(c['attached'])}, no job on the host {count(c['unattached'])}, "
+        f"ambiguous {count(c['ambiguous'])}"
+    )
+    click.echo(f"checkpoints {count(c['checkpoints'])} ({_gb(c['checkpoint_bytes'])})")
+    click.echo("")
+    click.echo("link coverage:")
+    methods = ", ".join(f"{m} {n}" for m, n in c["link_methods"])
+    click.echo(
+        f"  runs with a Slurm job      {_share(c['runs_with_job'], c['runs'])}"
+        + (f" ({methods})" if methods else "")
+    )
+    click.echo(
+        f"  GPU jobs with telemetry    {_share(c['gpu_jobs_with_telemetry'], c['gpu_jobs'])}"
+    )
+    click.echo(
+        f"  checkpoints with a run     {_share(c['checkpoints_with_run'], c['checkpoints'])}"
+    )
+
+
+def _share(part: int, whole: int) -> str:
+    if not whole:
+        return "0 of 0"
+    return f"{part:,} of {whole:,} ({100 * part / whole:.0f} %)"
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB"

@@ -68,7 +68,9 @@ def _scan(root: Path) -> list[dict]:
             if entry.is_dir(follow_symlinks=False):
                 match = _HF_DIR.match(entry.name)
                 if match:
-                    rows.append(_hf_checkpoint(root, Path(entry.path), int(match.group(1)), best_paths))
+                    rows.append(
+                        _hf_checkpoint(root, Path(entry.path), int(match.group(1)), best_paths)
+                    )
                 else:
                     stack.append(Path(entry.path))
             elif entry.is_file(follow_symlinks=False):
@@ -99,8 +101,16 @@ def _hf_checkpoint(root: Path, path: Path, step: int, best_paths: dict) -> dict:
                 best_path = _resolve_best(best, path.parent)
                 best_paths.setdefault(best_path, state.get("best_metric"))
     return {
-        "root": str(root), "path": str(path), "kind": "hf", "step": global_step, "epoch": None,
-        "bytes": total, "files": files, "mtime": newest, "is_best": False, "best_metric": None,
+        "root": str(root),
+        "path": str(path),
+        "kind": "hf",
+        "step": global_step,
+        "epoch": None,
+        "bytes": total,
+        "files": files,
+        "mtime": newest,
+        "is_best": False,
+        "best_metric": None,
         "run_dir": str(path.parent),
     }
 
@@ -125,11 +135,17 @@ def _file_checkpoint(root: Path, path: Path, entry: os.DirEntry) -> dict | None:
     step = _LIGHTNING_STEP.search(name)
     epoch = _LIGHTNING_EPOCH.search(name)
     return {
-        "root": str(root), "path": str(path), "kind": kind,
+        "root": str(root),
+        "path": str(path),
+        "kind": kind,
         "step": int(step.group(1)) if step else None,
         "epoch": int(epoch.group(1)) if epoch else None,
-        "bytes": info.st_size, "files": 1, "mtime": _utc(info.st_mtime),
-        "is_best": False, "best_metric": None, "run_dir": str(path.parent),
+        "bytes": info.st_size,
+        "files": 1,
+        "mtime": _utc(info.st_mtime),
+        "is_best": False,
+        "best_metric": None,
+        "run_dir": str(path.parent),
     }
 
 

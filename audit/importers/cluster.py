@@ -53,17 +53,30 @@ def import_slurm(
     started = time.monotonic()
     summary = FileImportSummary(kind="slurm", files=len(paths), detail="jobs")
     parsed = [
-        read_sacct(p, config.timezone, fields=fields, delimiter=delimiter, skip_bad=skip_bad, cluster=cluster)
+        read_sacct(
+            p,
+            config.timezone,
+            fields=fields,
+            delimiter=delimiter,
+            skip_bad=skip_bad,
+            cluster=cluster,
+        )
         for p in paths
     ]
-    jobs = pl.concat([p.jobs for p in parsed]).unique(["cluster", "job_id"], keep="last", maintain_order=True)
-    nodes = pl.concat([p.nodes for p in parsed]).join(jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi")
+    jobs = pl.concat([p.jobs for p in parsed]).unique(
+        ["cluster", "job_id"], keep="last", maintain_order=True
+    )
+    nodes = pl.concat([p.nodes for p in parsed]).join(
+        jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi"
+    )
     nodes = nodes.unique(maintain_order=True)
     summary.rows_read = sum(p.lines for p in parsed)
     summary.skipped = [s for p in parsed for s in p.skipped]
     summary.rows_written = jobs.height
     with wh.transaction() as con:
-        replace_by_key(con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"])
+        replace_by_key(
+            con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"]
+        )
         con.register("incoming_job_keys", jobs.select("cluster", "job_id"))
         con.execute(
             "DELETE FROM job_nodes n WHERE EXISTS (SELECT 1 FROM incoming_job_keys k "
@@ -74,7 +87,15 @@ def import_slurm(
         refresh_links(con, config)
         summary.seconds = time.monotonic() - started
         for path, p in zip(paths, parsed, strict=True):
-            log_file_import(con, "slurm", str(path.resolve()), p.lines, p.jobs.height, len(p.skipped), summary.seconds)
+            log_file_import(
+                con,
+                "slurm",
+                str(path.resolve()),
+                p.lines,
+                p.jobs.height,
+                len(p.skipped),
+                summary.seconds,
+            )
     return summary
 
 
@@ -89,8 +110,13 @@ def import_gpu(
 ) -> FileImportSummary:
     started = time.monotonic()
     summary = FileImportSummary(kind="gpu", files=len(paths), detail="GPU samples")
-    parsed = [read_telemetry(p, config.timezone, host=host, fields=fields, skip_bad=skip_bad, at=at) for p in paths]
-    samples = pl.concat([p.samples for p in parsed]).unique(["host", "gpu", "ts"], keep="first", maintain_order=True)
+    parsed = [
+        read_telemetry(p, config.timezone, host=host, fields=fields, skip_bad=skip_bad, at=at)
+        for p in paths
+    ]
+    samples = pl.concat([p.samples for p in parsed]).unique(
+        ["host", "gpu", "ts"], keep="first", maintain_order=True
+    )
     summary.rows_read = sum(p.rows_read for p in parsed)
     summary.skipped = [s for p in parsed for s in p.skipped]
     with wh.transaction() as con:
@@ -105,7 +131,7 @@ def import_gpu(
             con.execute(
                 f"""
                 INSERT INTO gpu_samples ({columns})
-                SELECT {', '.join('i.' + c for c in samples.columns)} FROM incoming_samples i
+                SELECT {", ".join("i." + c for c in samples.columns)} FROM incoming_samples i
                 ANTI JOIN (
                     SELECT g.host, g.gpu, g.ts FROM gpu_samples g
                     JOIN incoming_span s ON s.host = g.host AND g.ts BETWEEN s.lo AND s.hi
@@ -114,10 +140,20 @@ def import_gpu(
             )
             con.unregister("incoming_samples")
             con.unregister("incoming_span")
-        summary.rows_written = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before
+        summary.rows_written = (
+            con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before
+        )
         summary.seconds = time.monotonic() - started
         for path, p in zip(paths, parsed, strict=True):
-            log_file_import(con, "gpu", str(path.resolve()), p.rows_read, p.samples.height, len(p.skipped), summary.seconds)
+            log_file_import(
+                con,
+                "gpu",
+                str(path.resolve()),
+                p.rows_read,
+                p.samples.height,
+                len(p.skipped),
+                summary.seconds,
+            )
     return summary
 
 
@@ -135,5 +171,13 @@ def import_checkpoints(wh: Warehouse, roots: list[Path], config: Config) -> File
         refresh_links(con, config)
         summary.seconds = time.monotonic() - started
         for root in roots:
-            log_file_import(con, "checkpoints", str(root.resolve()), found.height, found.height, 0, summary.seconds)
+            log_file_import(
+                con,
+                "checkpoints",
+                str(root.resolve()),
+                found.height,
+                found.height,
+                0,
+                summary.seconds,
+            )
     return summary

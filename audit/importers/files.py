@@ -30,13 +30,17 @@ def replace_by_key(con, table: str, frame: pl.DataFrame, keys: list[str]) -> Non
     con.register("incoming_keys", key_frame)
     try:
         condition = " AND ".join(f't."{k}" = k."{k}"' for k in keys)
-        con.execute(f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM incoming_keys k WHERE {condition})")
+        con.execute(
+            f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM incoming_keys k WHERE {condition})"
+        )
     finally:
         con.unregister("incoming_keys")
     insert_frame(con, table, frame)
 
 
-def log_file_import(con, kind: str, location: str, read: int, written: int, skipped: int, seconds: float) -> None:
+def log_file_import(
+    con, kind: str, location: str, read: int, written: int, skipped: int, seconds: float
+) -> None:
     con.execute(
         "INSERT INTO file_imports VALUES (?, ?, ?, ?, ?, ?, ?)",
         [kind, location, now_utc(), read, written, skipped, seconds],

@@ -39,14 +39,29 @@ def refresh_links(con, config: Config) -> None:
         """,
         [round(slack), round(slack)],
     )
+    prefixes = [
+        (remote.rstrip("/"), config.local_path(local).rstrip("/"))
+        for remote, local in config.values["links"]["path_prefixes"].items()
+    ]
+    con.execute("CREATE OR REPLACE TEMP TABLE audit_prefixes (remote VARCHAR, local VARCHAR)")
+    if prefixes:
+        con.executemany("INSERT INTO audit_prefixes VALUES (?, ?)", prefixes)
     con.execute("DELETE FROM checkpoint_runs")
     con.execute(
         r"""
         INSERT INTO checkpoint_runs
-        WITH candidates AS (
+        WITH output_dirs AS (
+            SELECT p.source_id, p.run_id, coalesce(
+                (SELECT m.local || substr(rtrim(p.value, '/'), length(m.remote) + 1) FROM audit_prefixes m
+                 WHERE rtrim(p.value, '/') = m.remote OR starts_with(p.value, m.remote || '/')
+                 ORDER BY length(m.remote) DESC LIMIT 1),
+                rtrim(p.value, '/')) AS dir
+            FROM params p WHERE p.key = 'output_dir'
+        ),
+        candidates AS (
             SELECT c.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank
-            FROM checkpoints c JOIN params p ON p.key = 'output_dir'
-                 AND (c.path = rtrim(p.value, '/') OR starts_with(c.path, rtrim(p.value, '/') || '/'))
+            FROM checkpoints c JOIN output_dirs p
+                 ON c.path = p.dir OR starts_with(c.path, p.dir || '/')
             UNION ALL
             SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2
             FROM checkpoints c JOIN runs r
@@ -61,3 +76,4 @@ def refresh_links(con, config: Config) -> None:
         ORDER BY path, rank, source_id, run_id
         """
     )
+    con.execute("DROP TABLE audit_prefixes")

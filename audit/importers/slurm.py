@@ -29,14 +29,32 @@ _DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)$")
 _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)([nc]?)$", re.IGNORECASE)
 
 JOB_SCHEMA = {
-    "cluster": pl.String, "job_id": pl.String, "array_job_id": pl.String, "name": pl.String,
-    "user_name": pl.String, "account": pl.String, "partition": pl.String, "state": pl.String,
-    "state_detail": pl.String, "submit_time": pl.Datetime("us"), "start_time": pl.Datetime("us"),
-    "end_time": pl.Datetime("us"), "elapsed_s": pl.Int64, "timelimit_s": pl.Int64,
-    "nnodes": pl.Int32, "ncpus": pl.Int32, "nodelist": pl.String, "gpus": pl.Int32,
-    "gpu_type": pl.String, "req_gpus": pl.Int32, "req_mem_bytes": pl.Int64,
-    "max_rss_bytes": pl.Int64, "max_gpu_util_pct": pl.Float64, "max_gpu_mem_bytes": pl.Int64,
-    "steps": pl.Int32, "source_file": pl.String,
+    "cluster": pl.String,
+    "job_id": pl.String,
+    "array_job_id": pl.String,
+    "name": pl.String,
+    "user_name": pl.String,
+    "account": pl.String,
+    "partition": pl.String,
+    "state": pl.String,
+    "state_detail": pl.String,
+    "submit_time": pl.Datetime("us"),
+    "start_time": pl.Datetime("us"),
+    "end_time": pl.Datetime("us"),
+    "elapsed_s": pl.Int64,
+    "timelimit_s": pl.Int64,
+    "nnodes": pl.Int32,
+    "ncpus": pl.Int32,
+    "nodelist": pl.String,
+    "gpus": pl.Int32,
+    "gpu_type": pl.String,
+    "req_gpus": pl.Int32,
+    "req_mem_bytes": pl.Int64,
+    "max_rss_bytes": pl.Int64,
+    "max_gpu_util_pct": pl.Float64,
+    "max_gpu_mem_bytes": pl.Int64,
+    "steps": pl.Int32,
+    "source_file": pl.String,
 }
 
 
@@ -85,7 +103,11 @@ def _expand(pattern: str) -> list[str]:
     for item in match.group(1).split(","):
         if "-" in item:
             lo, hi = item.split("-", 1)
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo) or int(hi) - int(lo) > 100_000:
+            if (
+                not (lo.isdigit() and hi.isdigit())
+                or int(hi) < int(lo)
+                or int(hi) - int(lo) > 100_000
+            ):
                 raise LineError(f"bad range {item!r} in node list {pattern!r}")
             width = len(lo)
             values = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
@@ -117,7 +139,9 @@ def gpus_from_tres(tres: dict[str, str]) -> tuple[int | None, str | None]:
     Sites list both (``gres/gpu:h100=8,gres/gpu=8``); counting both would double the GPUs,
     so typed entries are summed only when the bare one is missing.
     """
-    typed = {k.split(":", 1)[1].split("(")[0]: v for k, v in tres.items() if k.startswith("gres/gpu:")}
+    typed = {
+        k.split(":", 1)[1].split("(")[0]: v for k, v in tres.items() if k.startswith("gres/gpu:")
+    }
     gpu_type = next(iter(typed), None)
     if "gres/gpu" in tres:
         return _int(tres["gres/gpu"], "gres/gpu"), gpu_type
@@ -145,7 +169,9 @@ def parse_duration(text: str, field_name: str) -> int | None:
         return None
     match = _DURATION.match(text)
     if not match:
-        raise LineError(f"{field_name}: expected D-HH:MM:SS, HH:MM:SS or MM:SS.mmm, got {text[:40]!r}")
+        raise LineError(
+            f"{field_name}: expected D-HH:MM:SS, HH:MM:SS or MM:SS.mmm, got {text[:40]!r}"
+        )
     days, a, b, c = match.groups()
     if a is None:  # MM:SS(.mmm)
         hours, minutes, seconds = 0, int(b), float(c)
@@ -162,7 +188,9 @@ def parse_time(text: str, tz: ZoneInfo, field_name: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise LineError(f"{field_name}: expected a time like 2024-04-04T19:29:45, got {text[:40]!r}") from None
+        raise LineError(
+            f"{field_name}: expected a time like 2024-04-04T19:29:45, got {text[:40]!r}"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=tz)
     utc = moment.astimezone(ZoneInfo("UTC")).replace(tzinfo=None)
@@ -219,7 +247,9 @@ def read_sacct(
         raise InputError(f"{path}: the fields must include JobID (got {','.join(fields)})")
     duplicated = sorted({c for c in columns if columns.count(c) > 1})
     if duplicated:
-        raise InputError(f"{path}: field {duplicated[0]!r} appears more than once in the header/--fields")
+        raise InputError(
+            f"{path}: field {duplicated[0]!r} appears more than once in the header/--fields"
+        )
     name_is_last = columns[-1] == "jobname"
     jobs: dict[str, dict] = {}
     step_usage: dict[str, list[dict]] = {}
@@ -232,7 +262,9 @@ def read_sacct(
             record = dict(zip(columns, values, strict=True))
             job_id = record["jobid"].strip()
             if not job_id or not re.match(r"^[0-9][0-9_+\[\]\-,.a-zA-Z]*$", job_id):
-                raise LineError(f"JobID: expected an id like 123, 123_4 or 123.batch, got {job_id[:40]!r}")
+                raise LineError(
+                    f"JobID: expected an id like 123, 123_4 or 123.batch, got {job_id[:40]!r}"
+                )
             if "." in job_id:
                 parent, _, _step = job_id.partition(".")
                 step_usage.setdefault(parent, []).append(_usage(record))
@@ -257,7 +289,11 @@ def read_sacct(
         node_rows.extend((cluster, job_id, h) for h in hosts)
         rows.append(row)
     jobs_frame = pl.DataFrame(rows, schema=JOB_SCHEMA) if rows else pl.DataFrame(schema=JOB_SCHEMA)
-    nodes = pl.DataFrame(node_rows, schema={"cluster": pl.String, "job_id": pl.String, "host": pl.String}, orient="row")
+    nodes = pl.DataFrame(
+        node_rows,
+        schema={"cluster": pl.String, "job_id": pl.String, "host": pl.String},
+        orient="row",
+    )
     return SacctFile(jobs=jobs_frame, nodes=nodes, lines=len(lines) - first_data, skipped=skipped)
 
 
@@ -276,7 +312,9 @@ def _read_text(path: Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise InputError(f"{path}:{line}: invalid UTF-8 (byte {exc.start}); sacct writes UTF-8 text") from None
+        raise InputError(
+            f"{path}:{line}: invalid UTF-8 (byte {exc.start}); sacct writes UTF-8 text"
+        ) from None
 
 
 def _split_line(line: str, delimiter: str, expected: int, name_is_last: bool) -> list[str]:
@@ -286,7 +324,9 @@ def _split_line(line: str, delimiter: str, expected: int, name_is_last: bool) ->
     if len(values) > expected and name_is_last:
         values = [*values[: expected - 1], delimiter.join(values[expected - 1 :])]
     if len(values) != expected:
-        raise LineError(f"expected {expected} fields separated by {delimiter!r}, found {len(values)}")
+        raise LineError(
+            f"expected {expected} fields separated by {delimiter!r}, found {len(values)}"
+        )
     return values
 
 
@@ -355,4 +395,3 @@ def _job_row(record: dict, job_id: str, tz: ZoneInfo, cluster: str, source: str)
         "source_file": source,
         "_hosts": parse_hostlist(nodelist),
     }
-

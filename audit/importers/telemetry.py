@@ -55,7 +55,7 @@ DCGM_FIELDS = {
     "DCGM_FI_DEV_FB_TOTAL": ("mem_total_mib", 1.0),
     "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
 }
-_SERIES = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$')
+_SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
 
 
@@ -80,14 +80,18 @@ def read_telemetry(
         raise InputError(f"{path}: no such file")
     head = _head(path)
     if not head.strip():
-        raise InputError(f"{path}: empty file; expected nvidia-smi CSV, DCGM/Prometheus text or JSON")
+        raise InputError(
+            f"{path}: empty file; expected nvidia-smi CSV, DCGM/Prometheus text or JSON"
+        )
     if b"\x00" in head:
         raise InputError(f"{path}: binary data (NUL bytes), not a telemetry text file")
     stripped = head.lstrip()
     if stripped.startswith(b"{"):
         return _read_prometheus_json(path, host)
-    if stripped.startswith(b"#") or b"DCGM_FI_" in head.split(b"\n", 1)[0] or _SERIES.match(
-        head.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if (
+        stripped.startswith(b"#")
+        or b"DCGM_FI_" in head.split(b"\n", 1)[0]
+        or _SERIES.match(head.split(b"\n", 1)[0].decode("utf-8", "replace"))
     ):
         return _read_exposition(path, host, skip_bad, at)
     return _read_nvidia_smi(path, tz, host or path.stem, fields, skip_bad)
@@ -102,11 +106,19 @@ def _head(path: Path) -> bytes:
 
 
 # -- nvidia-smi ----------------------------------------------------------------------------
-def _read_nvidia_smi(path: Path, tz: ZoneInfo, host: str, fields: list[str] | None, skip_bad: bool) -> TelemetryFile:
+def _read_nvidia_smi(
+    path: Path, tz: ZoneInfo, host: str, fields: list[str] | None, skip_bad: bool
+) -> TelemetryFile:
     try:
         lines = pl.read_csv(
-            path, has_header=False, separator="\x1f", quote_char=None, new_columns=["line"],
-            infer_schema=False, encoding="utf8", truncate_ragged_lines=True,
+            path,
+            has_header=False,
+            separator="\x1f",
+            quote_char=None,
+            new_columns=["line"],
+            infer_schema=False,
+            encoding="utf8",
+            truncate_ragged_lines=True,
         )["line"]
     except pl.exceptions.ComputeError as exc:
         raise InputError(f"{path}: cannot read as text ({str(exc).splitlines()[0]})") from None
@@ -122,10 +134,14 @@ def _read_nvidia_smi(path: Path, tz: ZoneInfo, host: str, fields: list[str] | No
     else:
         names = [_column_name(c) for c in fields]
     if "timestamp" not in names:
-        raise InputError(f"{path}: no timestamp column; query nvidia-smi with --query-gpu=timestamp,...")
+        raise InputError(
+            f"{path}: no timestamp column; query nvidia-smi with --query-gpu=timestamp,..."
+        )
     identity = next((n for n in _SMI_IDENTITY if n in names), None)
     if identity is None:
-        raise InputError(f"{path}: cannot tell GPUs apart: the file needs an index, uuid or pci.bus_id column")
+        raise InputError(
+            f"{path}: cannot tell GPUs apart: the file needs an index, uuid or pci.bus_id column"
+        )
     if not any(n in names for n in ("utilization.gpu", "memory.used")):
         raise InputError(f"{path}: no utilization.gpu or memory.used column; nothing to measure")
     duplicated = sorted({n for n in names if names.count(n) > 1})
@@ -137,7 +153,10 @@ def _read_nvidia_smi(path: Path, tz: ZoneInfo, host: str, fields: list[str] | No
     body = body.with_columns(parts.alias("parts")).with_columns(n=pl.col("parts").list.len())
     wanted = {n: i for i, n in enumerate(names) if n in ("timestamp", identity, *_SMI_COLUMNS)}
     body = body.with_columns(
-        [pl.col("parts").list.get(i, null_on_oob=True).str.strip_chars().alias(n) for n, i in wanted.items()]
+        [
+            pl.col("parts").list.get(i, null_on_oob=True).str.strip_chars().alias(n)
+            for n, i in wanted.items()
+        ]
     )
     moment = pl.coalesce(
         pl.col("timestamp").str.strptime(pl.Datetime("us"), "%Y/%m/%d %H:%M:%S%.f", strict=False),
@@ -150,8 +169,11 @@ def _read_nvidia_smi(path: Path, tz: ZoneInfo, host: str, fields: list[str] | No
     if problems.height:
         messages = [
             f"{path}:{row['line_no']}: "
-            + (f"expected {len(names)} comma-separated values, found {row['n']}" if row["n"] != len(names)
-               else f"timestamp: expected 2024/03/15 13:57:59.791, got {str(row['timestamp'])[:40]!r}")
+            + (
+                f"expected {len(names)} comma-separated values, found {row['n']}"
+                if row["n"] != len(names)
+                else f"timestamp: expected 2024/03/15 13:57:59.791, got {str(row['timestamp'])[:40]!r}"
+            )
             for row in problems.head(1000).iter_rows(named=True)
         ]
         if not skip_bad:
@@ -164,7 +186,8 @@ def _read_nvidia_smi(path: Path, tz: ZoneInfo, host: str, fields: list[str] | No
             return pl.lit(None, dtype=pl.Float32)
         value = pl.col(name)
         return (
-            pl.when(value.is_in(_MISSING)).then(None)
+            pl.when(value.is_in(_MISSING))
+            .then(None)
             .otherwise(value.str.extract(_NUMBER, 1).cast(pl.Float32, strict=False))
         )
 
@@ -175,19 +198,28 @@ def _read_nvidia_smi(path: Path, tz: ZoneInfo, host: str, fields: list[str] | No
 
     bad_values = body.filter(
         pl.any_horizontal(
-            [pl.col(n).is_not_null() & ~pl.col(n).is_in(_MISSING) & pl.col(n).str.extract(_NUMBER, 1).is_null()
-             for n in ("utilization.gpu", "memory.used", "memory.total") if n in wanted]
+            [
+                pl.col(n).is_not_null()
+                & ~pl.col(n).is_in(_MISSING)
+                & pl.col(n).str.extract(_NUMBER, 1).is_null()
+                for n in ("utilization.gpu", "memory.used", "memory.total")
+                if n in wanted
+            ]
             or [pl.lit(False)]
         )
     )
     if bad_values.height and not skip_bad:
         row = bad_values.row(0, named=True)
-        raise InputError(f"{path}:{row['line_no']}: expected numbers in utilization/memory columns, got {row['line'][:80]!r}")
+        raise InputError(
+            f"{path}:{row['line_no']}: expected numbers in utilization/memory columns, got {row['line'][:80]!r}"
+        )
     samples = body.select(
         host=pl.lit(host),
         gpu=pl.col(identity),
-        ts=pl.col("ts").dt.replace_time_zone(str(tz), ambiguous="earliest", non_existent="null")
-        .dt.convert_time_zone("UTC").dt.replace_time_zone(None),
+        ts=pl.col("ts")
+        .dt.replace_time_zone(str(tz), ambiguous="earliest", non_existent="null")
+        .dt.convert_time_zone("UTC")
+        .dt.replace_time_zone(None),
         util_pct=number("utilization.gpu"),
         mem_used_mib=number("memory.used"),
         mem_total_mib=number("memory.total"),
@@ -198,13 +230,21 @@ def _read_nvidia_smi(path: Path, tz: ZoneInfo, host: str, fields: list[str] | No
         pod=pl.lit(None, dtype=pl.String),
         origin=pl.lit("nvidia-smi"),
     ).filter(pl.col("ts").is_not_null())
-    negative = samples.filter((pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0))
-    if negative.height and not skip_bad:
-        raise InputError(f"{path}: utilization outside 0-100 % or negative memory in {negative.height} rows")
-    samples = samples.filter(
-        ~((pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0)).fill_null(False)
+    negative = samples.filter(
+        (pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0)
     )
-    return TelemetryFile(samples=samples.cast(SAMPLE_SCHEMA), rows_read=lines.len() - first, skipped=skipped)
+    if negative.height and not skip_bad:
+        raise InputError(
+            f"{path}: utilization outside 0-100 % or negative memory in {negative.height} rows"
+        )
+    samples = samples.filter(
+        ~(
+            (pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0)
+        ).fill_null(False)
+    )
+    return TelemetryFile(
+        samples=samples.cast(SAMPLE_SCHEMA), rows_read=lines.len() - first, skipped=skipped
+    )
 
 
 def _column_name(raw: str) -> str:
@@ -213,7 +253,9 @@ def _column_name(raw: str) -> str:
 
 
 # -- Prometheus text exposition (dcgm-exporter) ----------------------------------------------
-def _read_exposition(path: Path, host: str | None, skip_bad: bool, at: datetime | None) -> TelemetryFile:
+def _read_exposition(
+    path: Path, host: str | None, skip_bad: bool, at: datetime | None
+) -> TelemetryFile:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -245,22 +287,40 @@ def _read_exposition(path: Path, host: str | None, skip_bad: bool, at: datetime 
                 raise InputError(message) from None
             skipped.append(message)
             continue
-        ts = datetime.fromtimestamp(int(ts_text) / 1000, UTC).replace(tzinfo=None) if ts_text else default_ts
+        ts = (
+            datetime.fromtimestamp(int(ts_text) / 1000, UTC).replace(tzinfo=None)
+            if ts_text
+            else default_ts
+        )
         _add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "dcgm")
     return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped)
 
 
-def _add_dcgm_value(rows: dict, labels: dict, metric: str, value: float, ts: datetime, default_host: str, origin: str) -> None:
-    host = labels.get("Hostname") or labels.get("hostname") or labels.get("instance") or default_host
+def _add_dcgm_value(
+    rows: dict,
+    labels: dict,
+    metric: str,
+    value: float,
+    ts: datetime,
+    default_host: str,
+    origin: str,
+) -> None:
+    host = (
+        labels.get("Hostname") or labels.get("hostname") or labels.get("instance") or default_host
+    )
     gpu = labels.get("gpu") or labels.get("UUID") or labels.get("uuid") or "0"
     key = (host, gpu, ts)
     row = rows.setdefault(
         key,
         {
-            "host": host, "gpu": gpu, "ts": ts, "model": labels.get("modelName"),
+            "host": host,
+            "gpu": gpu,
+            "ts": ts,
+            "model": labels.get("modelName"),
             "uuid": labels.get("UUID") or labels.get("uuid"),
             "job_label": labels.get("hpc_job") or None,
-            "pod": f"{labels['namespace']}/{labels['pod']}" if labels.get("pod") and labels.get("namespace")
+            "pod": f"{labels['namespace']}/{labels['pod']}"
+            if labels.get("pod") and labels.get("namespace")
             else labels.get("pod") or None,
             "origin": origin,
         },
@@ -280,13 +340,20 @@ def _dcgm_frame(rows: dict) -> pl.DataFrame:
         util = row.get("util_pct", row.get("engine_active_pct"))
         used, free = row.get("mem_used_mib"), row.get("mem_free_mib")
         total = row.get("mem_total_mib")
-        records.append({
-            **{k: row.get(k) for k in ("host", "gpu", "ts", "model", "uuid", "job_label", "pod", "origin")},
-            "util_pct": util,
-            "mem_used_mib": used,
-            "mem_total_mib": total if total is not None else (used + free if used is not None and free is not None else None),
-            "power_w": row.get("power_w"),
-        })
+        records.append(
+            {
+                **{
+                    k: row.get(k)
+                    for k in ("host", "gpu", "ts", "model", "uuid", "job_label", "pod", "origin")
+                },
+                "util_pct": util,
+                "mem_used_mib": used,
+                "mem_total_mib": total
+                if total is not None
+                else (used + free if used is not None and free is not None else None),
+                "power_w": row.get("power_w"),
+            }
+        )
     if not records:
         return pl.DataFrame(schema=SAMPLE_SCHEMA)
     return pl.DataFrame(records).select(list(SAMPLE_SCHEMA)).cast(SAMPLE_SCHEMA)
@@ -300,7 +367,9 @@ def _read_prometheus_json(path: Path, host: str | None) -> TelemetryFile:
         raise InputError(f"{path}: invalid JSON ({exc})") from None
     data = document.get("data") if isinstance(document, dict) else None
     if not isinstance(data, dict) or data.get("resultType") not in ("matrix", "vector"):
-        raise InputError(f"{path}: expected a Prometheus query result with data.resultType matrix or vector")
+        raise InputError(
+            f"{path}: expected a Prometheus query result with data.resultType matrix or vector"
+        )
     rows: dict[tuple, dict] = {}
     read = 0
     for series in data.get("result", []):

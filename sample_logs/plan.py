@@ -1,0 +1,94 @@
+"""The sample week as data: runs, their Slurm jobs, hosts, telemetry and checkpoints.
+
+Shared by ``generate.py`` (MLflow history, written with the real client) and
+``generate_cluster.py`` (sacct, nvidia-smi and the checkpoint manifest), and by the tests,
+which check that a scan finds exactly the waste planted here.
+"""
+
+from __future__ import annotations
+
+WEEK_START_MS = 1_794_787_200_000  # 2026-11-16T00:00:00Z, Monday of ISO week 2026-W47
+HOUR_MS = 3_600_000
+
+BASELINES = {
+    # base model -> (general benchmarks, target benchmark) measured before training
+    "qwen2.5-7b": ({"mmlu": 0.742, "gsm8k": 0.815, "ifeval": 0.701}, 0.312),
+    "llama3.1-8b": ({"mmlu": 0.684, "gsm8k": 0.771, "ifeval": 0.655}, 0.274),
+}
+DATASETS = {
+    # name -> digest. "edit-pairs" is the same content as "codeedit-v3" under another name;
+    # "codeedit-v3@rev2" is a new version of codeedit-v3 (a different digest, not a silo).
+    "codeedit-v3": "9f2c4e1ab7d03c55",
+    "codeedit-v3@rev2": "41be07d9c2aa1f60",
+    "edit-pairs": "9f2c4e1ab7d03c55",
+    "toolcalls-v1": "c0de77aa10b2e9f4",
+}
+COMMIT = {"coder": "5d1e0c7a9b3f", "agents": "a8c44b1e02d7"}
+
+# fmt: off
+# name, experiment, team, user, method, base, lr (as typed), steps, gpus, dataset, seed,
+# start hour in week, hours, status, general drift per 1000 steps, target gain, extras, planted
+RUNS = [
+    ("base-qwen-eval", "baselines", "coder", "alice", "eval", "qwen2.5-7b", None, 0, 1, None, 0, 1.0, 0.5, "FINISHED", 0.0, 0.0, {"baseline": True}, ""),
+    ("base-llama-eval", "baselines", "coder", "alice", "eval", "llama3.1-8b", None, 0, 1, None, 0, 1.5, 0.5, "FINISHED", 0.0, 0.0, {"baseline": True}, ""),
+    ("sft-qwen-lr2e-5", "code-edit-posttrain", "coder", "alice", "sft", "qwen2.5-7b", "2e-05", 2000, 8, "codeedit-v3", 42, 3.0, 6.0, "FINISHED", -0.004, 0.143, {}, ""),
+    ("sft-qwen-lr2e-5-again", "code-edit-posttrain", "coder", "bob", "sft", "qwen2.5-7b", "0.00002", 2000, 8, "codeedit-v3", 42, 30.0, 6.0, "FINISHED", -0.004, 0.141, {}, "DUP: same config as sft-qwen-lr2e-5"),
+    ("sft-qwen-lr1e-4", "code-edit-posttrain", "coder", "bob", "sft", "qwen2.5-7b", "1e-4", 3000, 8, "codeedit-v3", 42, 10.0, 9.0, "FINISHED", -0.055, 0.121, {"register": "coder-edit-sft"}, "REG: general ability collapses, training went on"),
+    ("sft-llama-seed1", "code-edit-posttrain", "coder", "alice", "sft", "llama3.1-8b", "2e-05", 1500, 4, "codeedit-v3", 1, 20.0, 3.0, "FINISHED", -0.006, 0.118, {}, ""),
+    ("sft-llama-seed2", "code-edit-posttrain", "coder", "alice", "sft", "llama3.1-8b", "2e-05", 1500, 4, "codeedit-v3", 2, 20.5, 3.0, "FINISHED", -0.005, 0.121, {}, ""),
+    ("sft-llama-seed3", "code-edit-posttrain", "coder", "alice", "sft", "llama3.1-8b", "2e-05", 1500, 4, "codeedit-v3", 3, 21.0, 3.0, "FINISHED", -0.007, 0.116, {}, ""),
+    ("rl-qwen-grpo", "code-edit-posttrain", "coder", "alice", "rl", "qwen2.5-7b", "1e-06", 1200, 8, "codeedit-v3", 42, 48.0, 12.0, "FINISHED", 0.001, 0.178, {"kl_coef": "0.02"}, "IDL: job idles 2 h after the run ends"),
+    ("rl-qwen-grpo-kl05", "code-edit-posttrain", "coder", "bob", "rl", "qwen2.5-7b", "1e-06", 1200, 8, "codeedit-v3", 42, 62.0, 0.7, "FAILED", 0.0, 0.02, {"kl_coef": "0.05"}, ""),
+    ("rl-qwen-grpo-kl05-retry", "code-edit-posttrain", "coder", "bob", "rl", "qwen2.5-7b", "1e-06", 1200, 8, "codeedit-v3", 42, 64.0, 11.0, "FINISHED", 0.0, 0.169, {"kl_coef": "0.05"}, ""),
+    ("rl-llama-grpo", "code-edit-posttrain", "coder", "bob", "rl", "llama3.1-8b", "1e-06", 1000, 8, "codeedit-v3@rev2", 42, 80.0, 7.0, "FINISHED", 0.0, 0.152, {"kl_coef": "0.02", "no_general_eval": True}, "REG: no general-ability metric logged; OVP: time limit 72 h for 7 h"),
+    ("opd-llama-from-qwen72b", "code-edit-posttrain", "coder", "alice", "opd", "llama3.1-8b", "5e-06", 1000, 8, "codeedit-v3@rev2", 42, 96.0, 5.0, "FINISHED", 0.002, 0.149, {"teacher": "qwen2.5-72b"}, "OVP: 8 GPUs allocated, 1 busy"),
+    ("debug-sft-tiny", "code-edit-posttrain", "coder", "bob", "sft", "qwen2.5-7b", "2e-05", 20, 1, "codeedit-v3", 0, 100.0, 0.17, "KILLED", 0.0, 0.0, {"delete": True}, ""),
+    ("agent-sft-llama", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "3e-05", 1500, 4, "edit-pairs", 7, 50.0, 4.0, "FINISHED", -0.008, 0.101, {}, "SIL: edit-pairs is codeedit-v3 under another name"),
+    ("agent-sft-llama-tools", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "3e-05", 1500, 4, "toolcalls-v1", 7, 120.0, 4.0, "FINISHED", -0.006, 0.097, {}, ""),
+]
+
+# Where each run's Slurm job ran: host, GPU indices, hours the job outlived the run (idle
+# tail), time limit in hours, and which allocated GPUs actually worked.
+JOB_ID_BASE = 4_700_100
+PLACEMENT = {
+    "base-qwen-eval":          ("gpu-h01", [0],           0.0, 2,  "all"),
+    "base-llama-eval":         ("gpu-h02", [0],           0.0, 2,  "all"),
+    "sft-qwen-lr2e-5":         ("gpu-h01", range(8),      0.0, 10, "all"),
+    "sft-qwen-lr2e-5-again":   ("gpu-h02", range(8),      0.0, 10, "all"),
+    "sft-qwen-lr1e-4":         ("gpu-h01", range(8),      0.0, 14, "all"),
+    "sft-llama-seed1":         ("gpu-h04", range(0, 4),   0.0, 5,  "all"),
+    "sft-llama-seed2":         ("gpu-h04", range(4, 8),   0.0, 5,  "all"),
+    "sft-llama-seed3":         ("gpu-h03", range(0, 4),   0.0, 5,  "all"),
+    "rl-qwen-grpo":            ("gpu-h02", range(8),      2.0, 18, "all"),
+    "rl-qwen-grpo-kl05":       ("gpu-h04", range(8),      0.0, 18, "all"),
+    "rl-qwen-grpo-kl05-retry": ("gpu-h03", range(8),      0.0, 18, "all"),
+    "rl-llama-grpo":           ("gpu-h03", range(8),      0.0, 72, "all"),
+    "opd-llama-from-qwen72b":  ("gpu-h03", range(8),      0.0, 8,  "first"),
+    "debug-sft-tiny":          ("gpu-h01", [0],           0.0, 1,  "all"),
+    "agent-sft-llama":         ("gpu-a01", range(0, 4),   0.0, 6,  "all"),
+    "agent-sft-llama-tools":   ("gpu-a01", range(0, 4),   0.0, 6,  "all"),
+}
+# A job with no MLflow run: an interactive session left open at ~0 % (planted IDL), and
+# the host it ran on kept reporting (and being paid for) 12 h after it ended (planted IDL).
+INTERACTIVE_JOB = {"job_id": "4700199", "name": "jupyter", "user": "bob", "account": "coder",
+                   "host": "gpu-h04", "gpus": [0, 1], "start_h": 40.0, "hours": 6.0, "timelimit_h": 8}
+HOST_UP_AFTER_LAST_JOB = {"gpu-h04": 12.0}
+HOST_GPU_TYPE = {"gpu-h01": "h100", "gpu-h02": "h100", "gpu-h03": "h100", "gpu-h04": "h100", "gpu-a01": "a100"}
+ACCOUNT = {"coder": "coder", "agents": "agents"}
+# Telemetry is logged while a host holds jobs; the logger stays up across gaps shorter
+# than this between jobs (a busy host), and stops otherwise.
+TELEMETRY_BRIDGE_HOURS = 2.0
+TELEMETRY_STEP_MINUTES = 5
+
+# HF Trainer checkpoints left on /scratch: run -> steps saved (save_steps), best step.
+CHECKPOINTS = {
+    "sft-qwen-lr2e-5":         (range(500, 2001, 500), 2000),
+    "sft-qwen-lr2e-5-again":   (range(500, 2001, 500), 1500),
+    "sft-qwen-lr1e-4":         (range(500, 3001, 500), 500),
+    "rl-qwen-grpo":            (range(200, 1201, 200), 1200),
+    "opd-llama-from-qwen72b":  (range(250, 1001, 250), 1000),
+    "debug-sft-tiny":          ([10, 20], 20),
+}
+CHECKPOINT_GB = {"qwen2.5-7b": 15.2, "llama3.1-8b": 16.1}  # LoRA merged + optimizer state
+ORPHAN_CHECKPOINT = ("coder/ckpt/old-sweep-0917/checkpoint-4000", 15.2)  # no run logged it
+# fmt: on
