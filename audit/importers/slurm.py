@@ -177,7 +177,7 @@ def parse_duration(text: str, field_name: str) -> int | None:
         hours, minutes, seconds = 0, int(b), float(c)
     else:
         hours, minutes, seconds = int(a), int(b), float(c)
-    return int(round(int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds))
+    return round(int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds)
 
 
 def parse_time(text: str, tz: ZoneInfo, field_name: str) -> datetime | None:
