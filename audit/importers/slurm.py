@@ -319,8 +319,8 @@ def _read_text(path: Path) -> str:
 
 def _split_line(line: str, delimiter: str, expected: int, name_is_last: bool) -> list[str]:
     values = line.split(delimiter)
-    if len(values) == expected + 1 and values[-1] == "":
-        values = values[:-1]  # --parsable
+    if len(values) > expected and values[-1] == "":
+        values = values[:-1]  # --parsable ends every line with the delimiter
     if len(values) > expected and name_is_last:
         values = [*values[: expected - 1], delimiter.join(values[expected - 1 :])]
     if len(values) != expected:

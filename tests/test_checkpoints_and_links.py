@@ -1,0 +1,183 @@
+"""Checkpoint inventories, run/job/checkpoint links, and `audit status` on the sample week."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+from tests.helpers import REPO
+
+SAMPLE = REPO / "sample_logs"
+
+
+def _write(path, size=10, mtime=None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    if mtime:
+        os.utime(path, (mtime, mtime))
+
+
+def test_checkpoint_kinds_sizes_best_and_symlinks(tmp_path, run_cli):
+    root = tmp_path / "ckpt"
+    run_dir = root / "sft-a"
+    for step in (100, 200, 300):
+        _write(run_dir / f"checkpoint-{step}" / "model.safetensors", 1000 * step)
+        _write(run_dir / f"checkpoint-{step}" / "optimizer.pt", 10)
+        (run_dir / f"checkpoint-{step}" / "trainer_state.json").write_text(
+            json.dumps(
+                {
+                    "global_step": step,
+                    "best_model_checkpoint": "out/sft-a/checkpoint-200",
+                    "best_metric": 0.41,
+                }
+            )
+        )
+    _write(root / "lightning" / "epoch=3-step=1200.ckpt", 500)
+    _write(root / "loose" / "final.safetensors", 700)
+    _write(root / "loose" / "notes.txt", 5)
+    outside = tmp_path / "elsewhere" / "huge.bin"
+    _write(outside, 99_999)
+    (root / "loose" / "link.bin").symlink_to(outside)
+    (root / "linked-dir").symlink_to(outside.parent)
+    db = tmp_path / "w.duckdb"
+    code, out, err = run_cli("--db", str(db), "ingest", "checkpoints", str(root))
+    assert code == 0, err
+    assert out.startswith("imported 5 checkpoints")
+    con = duckdb.connect(str(db), read_only=True)
+    rows = {
+        os.path.relpath(r[0], root): r[1:]
+        for r in con.execute(
+            "SELECT path, kind, step, epoch, bytes, is_best FROM checkpoints"
+        ).fetchall()
+    }
+    con.close()
+    trainer_state = len(
+        json.dumps(
+            {
+                "global_step": 100,
+                "best_model_checkpoint": "out/sft-a/checkpoint-200",
+                "best_metric": 0.41,
+            }
+        )
+    )
+    assert rows == {
+        "sft-a/checkpoint-100": ("hf", 100, None, 100_000 + 10 + trainer_state, False),
+        "sft-a/checkpoint-200": ("hf", 200, None, 200_000 + 10 + trainer_state, True),
+        "sft-a/checkpoint-300": ("hf", 300, None, 300_000 + 10 + trainer_state, False),
+        "lightning/epoch=3-step=1200.ckpt": ("lightning", 1200, 3, 500, False),
+        "loose/final.safetensors": ("file", None, None, 700, False),
+    }
+    # a rescan replaces the root's inventory
+    (run_dir / "checkpoint-100" / "model.safetensors").unlink()
+    (run_dir / "checkpoint-100" / "optimizer.pt").unlink()
+    (run_dir / "checkpoint-100" / "trainer_state.json").unlink()
+    (run_dir / "checkpoint-100").rmdir()
+    run_cli("--db", str(db), "ingest", "checkpoints", str(root))
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM checkpoints").fetchall() == [(4,)]
+    con.close()
+
+
+def test_missing_root_is_a_clear_error(tmp_path, run_cli):
+    code, _, err = run_cli(
+        "--db", str(tmp_path / "w.duckdb"), "ingest", "checkpoints", str(tmp_path / "nope")
+    )
+    assert code == 2
+    assert err == f"Error: {tmp_path / 'nope'}: no such folder\n"
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory):
+    """The sample week imported exactly as `make demo` does it, through the real CLI."""
+    work = tmp_path_factory.mktemp("demo")
+    scratch = work / "scratch"
+    subprocess.run(
+        [sys.executable, str(SAMPLE / "make_checkpoints.py"), str(scratch)],
+        check=True,
+        capture_output=True,
+    )
+    config = work / "audit.toml"
+    config.write_text(f'[links]\npath_prefixes = {{ "/scratch" = "{scratch}" }}\n')
+    db = work / "demo.duckdb"
+    base = [sys.executable, "-m", "audit", "--db", str(db), "--config", str(config)]
+    for args in (
+        ["ingest", "mlflow", "--tracking-uri", str(SAMPLE / "mlruns")],
+        ["ingest", "slurm", str(SAMPLE / "slurm" / "week47.sacct")],
+        ["ingest", "gpu", *sorted(str(p) for p in (SAMPLE / "gpu").glob("*.csv"))],
+        ["ingest", "checkpoints", str(scratch)],
+    ):
+        subprocess.run([*base, *args], check=True, capture_output=True, cwd=work)
+    status = subprocess.run(
+        [*base, "status"], check=True, capture_output=True, text=True, cwd=work
+    ).stdout
+    return {"db": db, "status": status, "scratch": scratch}
+
+
+def test_sample_week_links(demo_db):
+    con = duckdb.connect(str(demo_db["db"]), read_only=True)
+    linked = con.execute(
+        "SELECT r.name, j.job_id, l.method, j.gpus FROM run_jobs l JOIN runs r USING (source_id, run_id) "
+        "JOIN jobs j USING (cluster, job_id) ORDER BY r.name"
+    ).fetchall()
+    ckpt = con.execute(
+        "SELECT r.name, count(*), any_value(l.method) FROM checkpoint_runs l JOIN runs r USING (source_id, run_id) "
+        "GROUP BY r.name ORDER BY r.name"
+    ).fetchall()
+    orphans = con.execute(
+        "SELECT count(*) FROM checkpoints WHERE path NOT IN (SELECT path FROM checkpoint_runs)"
+    ).fetchall()
+    con.close()
+    assert len(linked) == 16
+    assert all(method == "tag:slurm_job_id" for _, _, method, _ in linked)
+    assert ("opd-llama-from-qwen72b", "4700112", "tag:slurm_job_id", 8) in linked
+    assert ckpt == [
+        ("debug-sft-tiny", 2, "output_dir"),
+        ("opd-llama-from-qwen72b", 4, "output_dir"),
+        ("rl-qwen-grpo", 6, "output_dir"),
+        ("sft-qwen-lr1e-4", 6, "output_dir"),
+        ("sft-qwen-lr2e-5", 4, "output_dir"),
+        ("sft-qwen-lr2e-5-again", 4, "output_dir"),
+    ]
+    assert orphans == [(1,)]
+
+
+def test_user_and_time_link_when_no_tag(tmp_path, run_cli):
+    from mlflow import MlflowClient
+
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=store.as_uri())
+    exp = client.create_experiment("e")
+    run = client.create_run(
+        exp, start_time=1_794_816_000_000, tags={"mlflow.user": "ann"}, run_name="untagged"
+    )
+    client.set_terminated(run.info.run_id, "FINISHED", end_time=1_794_819_600_000)
+    sacct = tmp_path / "j.sacct"
+    sacct.write_text(
+        "JobID|User|Start|End|NodeList|AllocTRES\n"
+        "900|ann|2026-11-16T07:58:00|2026-11-16T09:05:00|n1|gres/gpu=2\n"
+        "901|ann|2026-11-17T07:58:00|2026-11-17T09:05:00|n1|gres/gpu=2\n"
+        "902|bob|2026-11-16T07:00:00|2026-11-16T10:00:00|n2|gres/gpu=2\n"
+    )
+    db = tmp_path / "w.duckdb"
+    assert run_cli("--db", str(db), "ingest", "slurm", str(sacct))[0] == 0
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT job_id, method FROM run_jobs").fetchall() == [("900", "user+time")]
+    con.close()
+
+
+def test_status_shows_coverage(demo_db):
+    text = demo_db["status"]
+    assert "runs 16 (1 deleted), params 221, tags 82, metric points 695, dataset inputs 14" in text
+    assert "jobs 17 (17 with GPUs), 2026-11-16 00:59 to 2026-11-21 04:01 (UTC)" in text
+    assert "GPU samples 9,216 from 5 hosts / 40 GPUs" in text
+    assert "  attached to a job 7,584, no job on the host 1,384, ambiguous 248" in text
+    assert "checkpoints 27 (414.0 GB)" in text
+    assert "  runs with a Slurm job      16 of 16 (100 %) (tag:slurm_job_id 16)" in text
+    assert "  GPU jobs with telemetry    17 of 17 (100 %)" in text
+    assert "  checkpoints with a run     26 of 27 (96 %)" in text

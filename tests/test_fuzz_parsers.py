@@ -1,0 +1,71 @@
+"""Mangled cluster files end in the tool's own error, never another exception."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from audit.errors import InputError
+from audit.importers.slurm import read_sacct
+from audit.importers.telemetry import read_telemetry
+
+UTC = ZoneInfo("UTC")
+SACCT_HEADER = "JobID|JobName|User|State|Start|End|ElapsedRaw|TimelimitRaw|NodeList|AllocTRES|TRESUsageInMax|ReqMem"
+SACCT_LINE = "4700100|train|ann|COMPLETED|2026-11-16T00:59:00|2026-11-16T01:31:00|1920|120|gpu-a[01-02]|cpu=8,gres/gpu:h100=2,gres/gpu=2|gres/gpuutil=50,gres/gpumem=10G|32G"
+SMI_HEADER = "timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB]"
+SMI_LINE = "2026/11/16 01:29:00.000, 0, NVIDIA H100 80GB HBM3, 88 %, 65224 MiB, 81559 MiB"
+
+
+def mangle(line: str):
+    """Delete, duplicate, replace or insert characters, including delimiters and junk bytes."""
+    alphabet = st.sampled_from([*list("|,:-[]=%/ .0123456789aZ\t\"'\\☃"), "\x00", "\x1b", "�", "é"])
+    edits = st.lists(
+        st.tuples(st.integers(0, len(line)), st.integers(0, 3), st.text(alphabet, max_size=4)),
+        max_size=6,
+    )
+
+    def apply(items):
+        text = line
+        for position, delete, insert in items:
+            position = min(position, len(text))
+            text = text[:position] + insert + text[position + delete :]
+        return text
+
+    return edits.map(apply)
+
+
+def _write(content: str) -> Path:
+    handle = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8")
+    handle.write(content)
+    handle.close()
+    return Path(handle.name)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(mangle(SACCT_LINE), min_size=1, max_size=4), header=mangle(SACCT_HEADER))
+def test_mangled_sacct(lines, header):
+    path = _write("\n".join([header, *lines]) + "\n")
+    try:
+        parsed = read_sacct(path, UTC)
+        assert parsed.jobs.height <= len(lines)
+    except InputError as exc:
+        assert str(path) in str(exc)
+    finally:
+        path.unlink()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(mangle(SMI_LINE), min_size=1, max_size=4), header=mangle(SMI_HEADER))
+def test_mangled_nvidia_smi(lines, header):
+    path = _write("\n".join([header, *lines]) + "\n")
+    try:
+        parsed = read_telemetry(path, UTC, host="n1")
+        assert parsed.samples.height <= len(lines)
+    except InputError as exc:
+        assert str(path) in str(exc)
+    finally:
+        path.unlink()
