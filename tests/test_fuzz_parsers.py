@@ -39,9 +39,8 @@ def mangle(line: str):
 
 
 def _write(content: str) -> Path:
-    handle = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8")
-    handle.write(content)
-    handle.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as handle:
+        handle.write(content)
     return Path(handle.name)
 
 
