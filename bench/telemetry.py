@@ -31,7 +31,9 @@ def write_host(path: Path, host_index: int, days: int, start: datetime) -> int:
             busy=((pl.col("minute") // 60 + host_index * 3) % 14) < 10,
         )
         .with_columns(
-            util=pl.when(pl.col("busy")).then(85 + (pl.col("minute") * 7 + pl.col("gpu") * 3) % 15).otherwise(0),
+            util=pl.when(pl.col("busy"))
+            .then(85 + (pl.col("minute") * 7 + pl.col("gpu") * 3) % 15)
+            .otherwise(0),
             mem=pl.when(pl.col("busy")).then(60_000 + (pl.col("minute") * 13) % 9000).otherwise(3),
         )
         .select(
@@ -61,9 +63,13 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     rows = sum(
-        write_host(args.out / f"gpu-{h:04d}.csv", h, args.days, datetime(2026, 11, 16)) for h in range(args.hosts)
+        write_host(args.out / f"gpu-{h:04d}.csv", h, args.days, datetime(2026, 11, 16))
+        for h in range(args.hosts)
     )
-    print(f"wrote {rows:,} samples for {args.hosts} hosts to {args.out} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(
+        f"wrote {rows:,} samples for {args.hosts} hosts to {args.out} in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

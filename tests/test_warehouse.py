@@ -26,6 +26,13 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "dataset_inputs",
             "model_versions",
             "import_log",
+            "jobs",
+            "job_nodes",
+            "gpu_samples",
+            "checkpoints",
+            "run_jobs",
+            "checkpoint_runs",
+            "file_imports",
         }
 
 

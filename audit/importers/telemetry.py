@@ -45,7 +45,6 @@ _SMI_COLUMNS = {
 }
 _SMI_IDENTITY = ("index", "uuid", "pci.bus_id")
 _MISSING = ["N/A", "[N/A]", "[Not Supported]", "[Unknown Error]", "[GPU is lost]", ""]
-_NUMBER = r"^\s*([-+]?\d+(?:\.\d+)?)"
 # dcgm-exporter field -> (column, scale)
 DCGM_FIELDS = {
     "DCGM_FI_DEV_GPU_UTIL": ("util_pct", 1.0),
@@ -106,25 +105,20 @@ def _head(path: Path) -> bytes:
 
 
 # -- nvidia-smi ----------------------------------------------------------------------------
+_TIME_FORMATS = (
+    "%Y/%m/%d %H:%M:%S%.f",
+    "%Y-%m-%d %H:%M:%S%.f",
+    "%Y/%m/%d %H:%M:%S",
+    "%Y-%m-%d %H:%M:%S",
+)
+
+
 def _read_nvidia_smi(
     path: Path, tz: ZoneInfo, host: str, fields: list[str] | None, skip_bad: bool
 ) -> TelemetryFile:
-    try:
-        lines = pl.read_csv(
-            path,
-            has_header=False,
-            separator="\x1f",
-            quote_char=None,
-            new_columns=["line"],
-            infer_schema=False,
-            encoding="utf8",
-            truncate_ragged_lines=True,
-        )["line"]
-    except pl.exceptions.ComputeError as exc:
-        raise InputError(f"{path}: cannot read as text ({str(exc).splitlines()[0]})") from None
-    first = 0
+    first_line = _head(path).split(b"\n", 1)[0].decode("utf-8", "replace")
     if fields is None:
-        names = [_column_name(c) for c in lines[0].split(",")]
+        names = [_column_name(c) for c in first_line.split(",")]
         if "timestamp" not in names and not any(n in names for n in _SMI_IDENTITY):
             raise InputError(
                 f"{path}:1: no nvidia-smi header (expected e.g. 'timestamp, index, utilization.gpu [%]'); "
@@ -132,7 +126,7 @@ def _read_nvidia_smi(
             )
         first = 1
     else:
-        names = [_column_name(c) for c in fields]
+        names, first = [_column_name(c) for c in fields], 0
     if "timestamp" not in names:
         raise InputError(
             f"{path}: no timestamp column; query nvidia-smi with --query-gpu=timestamp,..."
@@ -147,72 +141,11 @@ def _read_nvidia_smi(
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise InputError(f"{path}: column {duplicated[0]!r} appears twice")
-    body = lines.slice(first).to_frame().with_row_index("line_no", offset=first + 1)
-    body = body.filter(pl.col("line").str.strip_chars() != "")
-    parts = pl.col("line").str.split(",")
-    body = body.with_columns(parts.alias("parts")).with_columns(n=pl.col("parts").list.len())
-    wanted = {n: i for i, n in enumerate(names) if n in ("timestamp", identity, *_SMI_COLUMNS)}
-    body = body.with_columns(
-        [
-            pl.col("parts").list.get(i, null_on_oob=True).str.strip_chars().alias(n)
-            for n, i in wanted.items()
-        ]
-    )
-    moment = pl.coalesce(
-        pl.col("timestamp").str.strptime(pl.Datetime("us"), "%Y/%m/%d %H:%M:%S%.f", strict=False),
-        pl.col("timestamp").str.strptime(pl.Datetime("us"), "%Y-%m-%d %H:%M:%S%.f", strict=False),
-        pl.col("timestamp").str.strptime(pl.Datetime("us"), "%Y/%m/%d %H:%M:%S", strict=False),
-    )
-    body = body.with_columns(ts=moment)
-    problems = body.filter((pl.col("n") != len(names)) | pl.col("ts").is_null())
+    wanted = [n for n in names if n in ("timestamp", identity, *_SMI_COLUMNS)]
+    body = None if skip_bad else _fast_table(path, names, wanted, first)
     skipped: list[str] = []
-    if problems.height:
-        messages = [
-            f"{path}:{row['line_no']}: "
-            + (
-                f"expected {len(names)} comma-separated values, found {row['n']}"
-                if row["n"] != len(names)
-                else f"timestamp: expected 2024/03/15 13:57:59.791, got {str(row['timestamp'])[:40]!r}"
-            )
-            for row in problems.head(1000).iter_rows(named=True)
-        ]
-        if not skip_bad:
-            raise InputError(messages[0])
-        skipped = messages + [f"... and {problems.height - 1000} more"] * (problems.height > 1000)
-        body = body.filter((pl.col("n") == len(names)) & pl.col("ts").is_not_null())
-
-    def number(name: str) -> pl.Expr:
-        if name not in wanted:
-            return pl.lit(None, dtype=pl.Float32)
-        value = pl.col(name)
-        return (
-            pl.when(value.is_in(_MISSING))
-            .then(None)
-            .otherwise(value.str.extract(_NUMBER, 1).cast(pl.Float32, strict=False))
-        )
-
-    def text(name: str) -> pl.Expr:
-        if name not in wanted:
-            return pl.lit(None, dtype=pl.String)
-        return pl.when(pl.col(name).is_in(_MISSING)).then(None).otherwise(pl.col(name))
-
-    bad_values = body.filter(
-        pl.any_horizontal(
-            [
-                pl.col(n).is_not_null()
-                & ~pl.col(n).is_in(_MISSING)
-                & pl.col(n).str.extract(_NUMBER, 1).is_null()
-                for n in ("utilization.gpu", "memory.used", "memory.total")
-                if n in wanted
-            ]
-            or [pl.lit(False)]
-        )
-    )
-    if bad_values.height and not skip_bad:
-        row = bad_values.row(0, named=True)
-        raise InputError(
-            f"{path}:{row['line_no']}: expected numbers in utilization/memory columns, got {row['line'][:80]!r}"
-        )
+    if body is None:  # a malformed line somewhere: find it (or them) line by line
+        body, skipped = _validated_table(path, names, wanted, first, skip_bad)
     samples = body.select(
         host=pl.lit(host),
         gpu=pl.col(identity),
@@ -220,31 +153,147 @@ def _read_nvidia_smi(
         .dt.replace_time_zone(str(tz), ambiguous="earliest", non_existent="null")
         .dt.convert_time_zone("UTC")
         .dt.replace_time_zone(None),
-        util_pct=number("utilization.gpu"),
-        mem_used_mib=number("memory.used"),
-        mem_total_mib=number("memory.total"),
-        power_w=number("power.draw") if "power.draw" in wanted else number("power.draw.average"),
-        model=text("name"),
-        uuid=text("uuid"),
+        util_pct=_number(body, "utilization.gpu"),
+        mem_used_mib=_number(body, "memory.used"),
+        mem_total_mib=_number(body, "memory.total"),
+        power_w=_number(
+            body, "power.draw" if "power.draw" in body.columns else "power.draw.average"
+        ),
+        model=_text(body, "name"),
+        uuid=_text(body, "uuid"),
         job_label=pl.lit(None, dtype=pl.String),
         pod=pl.lit(None, dtype=pl.String),
         origin=pl.lit("nvidia-smi"),
     ).filter(pl.col("ts").is_not_null())
-    negative = samples.filter(
+    out_of_range = (
         (pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0)
     )
-    if negative.height and not skip_bad:
-        raise InputError(
-            f"{path}: utilization outside 0-100 % or negative memory in {negative.height} rows"
-        )
-    samples = samples.filter(
-        ~(
-            (pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0)
-        ).fill_null(False)
-    )
+    bad = samples.filter(out_of_range).height
+    if bad and not skip_bad:
+        raise InputError(f"{path}: utilization outside 0-100 % or negative memory in {bad} rows")
+    if bad:
+        skipped.append(f"{path}: {bad} rows with utilization outside 0-100 % or negative memory")
+        samples = samples.filter(~out_of_range.fill_null(False))
     return TelemetryFile(
-        samples=samples.cast(SAMPLE_SCHEMA), rows_read=lines.len() - first, skipped=skipped
+        samples=samples.cast(SAMPLE_SCHEMA), rows_read=body.height + len(skipped), skipped=skipped
     )
+
+
+def _parsed_time(column: pl.Expr, sample: str | None) -> pl.Expr:
+    """Parse with the one format the file uses (found on its first value)."""
+    for fmt in _TIME_FORMATS:
+        if (
+            sample is not None
+            and pl.Series([sample]).str.strptime(pl.Datetime("us"), fmt, strict=False)[0]
+            is not None
+        ):
+            return column.str.strptime(pl.Datetime("us"), fmt, strict=False)
+    return column.str.strptime(pl.Datetime("us"), _TIME_FORMATS[0], strict=False)
+
+
+def _fast_table(path: Path, names: list[str], wanted: list[str], first: int) -> pl.DataFrame | None:
+    """The whole file through polars' CSV reader; None when any line looks malformed."""
+    try:
+        raw = pl.read_csv(
+            path,
+            has_header=False,
+            skip_rows=first,
+            new_columns=names,
+            infer_schema=False,
+            quote_char=None,
+            encoding="utf8",
+            truncate_ragged_lines=False,
+        )
+    except pl.exceptions.PolarsError:  # the validating reader says which line and why
+        return None
+    if raw.width != len(names) or raw[names[-1]].null_count():
+        return None  # short lines leave the last column empty
+    body = raw.select([pl.col(n).str.strip_chars() for n in wanted])
+    body = body.with_columns(
+        ts=_parsed_time(pl.col("timestamp"), body["timestamp"][0] if body.height else None)
+    )
+    if body["ts"].null_count() or _unparsable_numbers(body).height:
+        return None
+    return body
+
+
+def _validated_table(
+    path: Path, names: list[str], wanted: list[str], first: int, skip_bad: bool
+) -> tuple[pl.DataFrame, list[str]]:
+    try:
+        lines = pl.read_csv(
+            path,
+            has_header=False,
+            separator="\x1f",
+            quote_char=None,
+            new_columns=["line"],
+            infer_schema=False,
+            encoding="utf8",
+            truncate_ragged_lines=True,
+        )["line"]
+    except pl.exceptions.ComputeError as exc:
+        raise InputError(f"{path}: cannot read as text ({str(exc).splitlines()[0]})") from None
+    body = lines.slice(first).to_frame().with_row_index("line_no", offset=first + 1)
+    body = body.filter(pl.col("line").str.strip_chars() != "")
+    body = body.with_columns(parts=pl.col("line").str.split(",")).with_columns(
+        n=pl.col("parts").list.len()
+    )
+    body = body.with_columns(
+        [
+            pl.col("parts").list.get(names.index(n), null_on_oob=True).str.strip_chars().alias(n)
+            for n in wanted
+        ]
+    )
+    sample = body.filter(pl.col("n") == len(names))["timestamp"].head(1)
+    body = body.with_columns(
+        ts=_parsed_time(pl.col("timestamp"), sample[0] if sample.len() else None)
+    )
+    unparsable = _unparsable_numbers(body)["line_no"].implode()
+    problems = body.filter(
+        (pl.col("n") != len(names)) | pl.col("ts").is_null() | pl.col("line_no").is_in(unparsable)
+    )
+    messages = []
+    for row in problems.head(1000).iter_rows(named=True):
+        if row["n"] != len(names):
+            problem = f"expected {len(names)} comma-separated values, found {row['n']}"
+        elif row["ts"] is None:
+            problem = (
+                f"timestamp: expected 2024/03/15 13:57:59.791, got {str(row['timestamp'])[:40]!r}"
+            )
+        else:
+            problem = f"expected numbers in utilization/memory columns, got {row['line'][:80]!r}"
+        messages.append(f"{path}:{row['line_no']}: {problem}")
+    if messages and not skip_bad:
+        raise InputError(messages[0])
+    if problems.height > 1000:
+        messages.append(f"{path}: ... and {problems.height - 1000} more bad lines")
+    return body.join(problems.select("line_no"), on="line_no", how="anti"), messages
+
+
+def _unparsable_numbers(body: pl.DataFrame) -> pl.DataFrame:
+    checks = [
+        pl.col(n).is_not_null() & ~pl.col(n).is_in(_MISSING) & _numeric(pl.col(n)).is_null()
+        for n in ("utilization.gpu", "memory.used", "memory.total")
+        if n in body.columns
+    ]
+    return body.filter(pl.any_horizontal(checks)) if checks else body.clear()
+
+
+def _numeric(column: pl.Expr) -> pl.Expr:
+    """'95 %', '7650 MiB', '70.89 W' or plain numbers -> float; anything else -> null."""
+    return column.str.strip_chars_end(" %MiBW").cast(pl.Float32, strict=False)
+
+
+def _number(body: pl.DataFrame, name: str) -> pl.Expr:
+    if name not in body.columns:
+        return pl.lit(None, dtype=pl.Float32)
+    return pl.when(pl.col(name).is_in(_MISSING)).then(None).otherwise(_numeric(pl.col(name)))
+
+
+def _text(body: pl.DataFrame, name: str) -> pl.Expr:
+    if name not in body.columns:
+        return pl.lit(None, dtype=pl.String)
+    return pl.when(pl.col(name).is_in(_MISSING)).then(None).otherwise(pl.col(name))
 
 
 def _column_name(raw: str) -> str:
