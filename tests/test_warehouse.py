@@ -82,3 +82,19 @@ def test_garbage_file_is_refused(tmp_path):
     path.write_bytes(b"\x00junk" * 1000)
     with pytest.raises(WarehouseError, match="cannot open warehouse"):
         open_warehouse(path)
+
+
+def test_version_1_warehouse_is_upgraded_to_current(tmp_path):
+    path = tmp_path / "v1.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE audit_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.execute("INSERT INTO audit_meta VALUES ('schema_version', '1')")
+    con.execute(migrations.MIGRATIONS[0])
+    con.execute("INSERT INTO runs (source_id, run_id, name) VALUES ('s', 'r1', 'kept')")
+    con.close()
+    with open_warehouse(path) as wh:
+        assert wh.scalar("SELECT value FROM audit_meta WHERE key = 'schema_version'") == str(
+            SCHEMA_VERSION
+        )
+        assert wh.scalar("SELECT name FROM runs WHERE run_id = 'r1'") == "kept"
+        assert wh.scalar("SELECT count(*) FROM jobs") == 0
