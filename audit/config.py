@@ -19,7 +19,37 @@ DEFAULT_CONFIG_NAME = "audit.toml"
 
 # section -> key -> (expected python type(s), default). A nested dict default means the
 # key holds a free-form table whose values are validated by their consumer.
+# On-demand prices in USD per GPU-hour, matched case-insensitively as a substring of the
+# job's GPU type or the card's model name (longest match wins). Anchors: public on-demand
+# list prices of large clouds and GPU clouds in 2025-2026, rounded; override with
+# [prices] gpu_hour_usd.
+DEFAULT_GPU_PRICES = {
+    "H200": 3.80,
+    "H100": 3.00,
+    "A100": 1.60,
+    "L40S": 1.00,
+    "A10G": 0.75,
+    "V100": 0.55,
+    "T4": 0.35,
+    "default": 2.00,
+}
+
 SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
+    "prices": {
+        "gpu_hour_usd": ((dict,), DEFAULT_GPU_PRICES),
+        "storage_gb_month_usd": ((int, float), 0.023),  # object storage list price per GB-month
+    },
+    "metrics": {
+        "general": ((list,), ["eval/general/*"]),  # globs: general-capability benchmarks
+        "target": ((list,), ["eval/target/*"]),  # globs: the task being trained for
+    },
+    "attribution": {
+        "team_tag": ((str,), "team"),  # run tag naming the team (else Slurm account, else user)
+        "method_keys": ((list,), ["method", "training_method"]),  # param or tag: sft / rl / opd
+        "base_model_keys": ((list,), ["base_model", "model_name_or_path"]),
+        "baseline_tag": ((str,), "audit.baseline"),
+        "ignore_tag": ((str,), "audit.ignore"),
+    },
     "cluster": {
         "timezone": ((str,), "UTC"),
     },
@@ -49,6 +79,16 @@ class Config:
     def get(self, section: str, key: str) -> Any:
         return self.values[section][key]
 
+    @property
+    def digest(self) -> str:
+        """Hash of the effective settings, stored with each scan."""
+        import hashlib
+        import json
+
+        return hashlib.sha1(
+            json.dumps(self.values, sort_keys=True, default=str).encode()
+        ).hexdigest()[:12]
+
     def local_path(self, text: str) -> str:
         """A path from a config value: relative ones are relative to the config file."""
         if self.path is None or Path(text).is_absolute():
@@ -61,10 +101,53 @@ class Config:
 
 
 def defaults() -> dict[str, dict[str, Any]]:
-    return {
+    values: dict[str, Any] = {
         section: {key: copy.deepcopy(spec[1]) for key, spec in keys.items()}
         for section, keys in SCHEMA.items()
     }
+    values["rules"] = {}
+    values["suppress"] = []
+    return values
+
+
+def _merge_rules(values: dict, table: Any, path: Path) -> None:
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise InputError(
+            f"config {path}: [rules] holds one table per rule code, e.g. [rules.OVP001]"
+        )
+    from audit.engine import validate_rule_settings  # the rules own their threshold schemas
+
+    for code, settings in table.items():
+        values["rules"][code] = validate_rule_settings(code, settings, f"config {path}")
+
+
+def _suppressions(table: Any, path: Path) -> list[dict[str, str]]:
+    if not isinstance(table, list):
+        raise InputError(
+            f"config {path}: suppressions are written [[suppress]] with rule, subject, reason"
+        )
+    out = []
+    for number, item in enumerate(table, start=1):
+        if not isinstance(item, dict):
+            raise InputError(f"config {path}: [[suppress]] #{number} must be a table")
+        unknown = sorted(set(item) - {"rule", "subject", "reason"})
+        if unknown:
+            raise InputError(
+                f"config {path}: unknown key '{unknown[0]}' in [[suppress]] #{number}; valid keys: reason, rule, subject"
+            )
+        missing = [
+            k for k in ("rule", "reason") if not isinstance(item.get(k), str) or not item.get(k)
+        ]
+        if missing:
+            raise InputError(f"config {path}: [[suppress]] #{number} needs a '{missing[0]}' (text)")
+        out.append(
+            {
+                "rule": item["rule"],
+                "subject": str(item.get("subject", "*")),
+                "reason": item["reason"],
+            }
+        )
+    return out
 
 
 def load_config(path: Path | None) -> Config:
@@ -88,10 +171,23 @@ def load_config(path: Path | None) -> Config:
     return Config(values=values, path=path, raw_text=text)
 
 
+# Tables whose keys are validated by their consumers: [rules.CODE] by each rule's
+# threshold schema (audit.engine), [[suppress]] entries here.
+FREE_SECTIONS = ("rules", "suppress")
+
+
 def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: Path) -> None:
+    values["rules"] = {}
+    values["suppress"] = []
     for section, table in data.items():
+        if section == "rules":
+            _merge_rules(values, table, path)
+            continue
+        if section == "suppress":
+            values["suppress"] = _suppressions(table, path)
+            continue
         if section not in SCHEMA:
-            valid = ", ".join(sorted(SCHEMA))
+            valid = ", ".join(sorted([*SCHEMA, *FREE_SECTIONS]))
             raise InputError(f"config {path}: unknown section [{section}]; valid sections: {valid}")
         if not isinstance(table, dict):
             raise InputError(f"config {path}: [{section}] must be a table")
@@ -110,7 +206,18 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: Path) 
                 )
             if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                 raise InputError(f"config {path}: [{section}] {key} must be a list of strings")
-            if isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
+            if key == "gpu_hour_usd":
+                bad = [
+                    k
+                    for k, v in value.items()
+                    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0
+                ]
+                if bad:
+                    raise InputError(
+                        f"config {path}: [prices] gpu_hour_usd.{bad[0]} must be a non-negative number"
+                    )
+                value = {**DEFAULT_GPU_PRICES, **value}
+            elif isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
                 raise InputError(f"config {path}: [{section}] {key} must map strings to strings")
             values[section][key] = value
     try:

@@ -194,4 +194,45 @@ CREATE TABLE file_imports (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2]
+
+V3 = """
+CREATE TABLE scans (
+    scan_id BIGINT NOT NULL,
+    started_at TIMESTAMP NOT NULL,
+    finished_at TIMESTAMP,
+    config_hash VARCHAR,
+    window_start TIMESTAMP,              -- --since (UTC), NULL: all history
+    window_end TIMESTAMP,                -- --until (UTC)
+    selection VARCHAR                    -- rules run, comma separated
+);
+CREATE TABLE findings (
+    scan_id BIGINT NOT NULL,
+    finding_id VARCHAR NOT NULL,         -- hash of rule + subject: stable across scans
+    rule VARCHAR NOT NULL,
+    name VARCHAR NOT NULL,
+    severity VARCHAR NOT NULL,
+    subject JSON NOT NULL,
+    message VARCHAR NOT NULL,
+    evidence JSON,
+    gpu_hours DOUBLE,
+    usd DOUBLE,
+    bytes BIGINT,
+    recommendation VARCHAR,
+    team VARCHAR,
+    method VARCHAR,
+    happened_at TIMESTAMP,               -- when the waste happened (for weekly windows)
+    suppressed BOOLEAN NOT NULL,
+    suppressed_reason VARCHAR
+);
+CREATE TABLE rule_results (
+    scan_id BIGINT NOT NULL,
+    rule VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,             -- ok | skipped | error
+    reason VARCHAR,
+    findings INTEGER,
+    notes JSON,                          -- per-subject skips ("no GPU telemetry for job 123")
+    seconds DOUBLE
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3]

@@ -1,0 +1,268 @@
+"""``audit scan`` and ``audit rules``: find, price and explain waste."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from audit.cli import AppContext, cli, pass_app
+from audit.cli.output import safe, table
+from audit.engine import Severity, all_rules, get_rule, scan, select_rules
+from audit.summary import summarise
+
+DATE = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
+SEVERITIES = [s.label for s in Severity]
+
+
+def scan_document(result, summary) -> dict:
+    return {
+        "scan": {
+            "id": result.scan_id,
+            "started_at": result.started_at.isoformat(timespec="seconds"),
+            "config_hash": result.config_hash,
+            "since": result.since.isoformat() if result.since else None,
+            "until": result.until.isoformat() if result.until else None,
+            "rules": [
+                {
+                    "rule": r.rule,
+                    "status": r.status,
+                    "reason": r.reason or None,
+                    "findings": len(r.findings),
+                    "notes": r.notes,
+                }
+                for r in result.results
+            ],
+        },
+        "summary": summary,
+        "findings": [f.as_json() for f in result.findings],
+    }
+
+
+def render_table(result, summary, top: int = 10) -> str:
+    lines = []
+    fam_rows = [
+        [
+            f["family"],
+            f["label"],
+            f["findings"],
+            f"{f['gpu_hours']:,.1f}",
+            f"{f['usd']:,.2f}",
+            f"{f['bytes'] / 1e9:,.1f}",
+        ]
+        for f in summary["families"]
+    ]
+    waste = summary["waste"]
+    fam_rows.append(
+        [
+            "all",
+            "",
+            summary["findings"],
+            f"{waste['gpu_hours']:,.1f}",
+            f"{waste['usd']:,.2f}",
+            f"{waste['bytes'] / 1e9:,.1f}",
+        ]
+    )
+    lines.append(
+        table(["family", "", "findings", "GPU-h", "$", "GB"], fam_rows, right={2, 3, 4, 5})
+    )
+    spend = summary["spend"]
+    share = (
+        f" ({100 * waste['usd'] / spend['usd']:.1f} % of ${spend['usd']:,.2f} spent on {spend['runs']} runs"
+        f" and {spend['jobs_without_run']} jobs without a run)"
+        if spend["usd"]
+        else ""
+    )
+    lines.append("")
+    lines.append(
+        f"waste: {waste['gpu_hours']:,.1f} GPU-h, ${waste['usd']:,.2f}{share}, {waste['bytes'] / 1e9:,.1f} GB reclaimable"
+    )
+    if summary["suppressed"]:
+        lines.append(f"suppressed: {summary['suppressed']} findings (listed in --format json)")
+    active = result.active
+    if active:
+        lines.append("")
+        lines.append(f"top findings ({min(top, len(active))} of {len(active)}):")
+        lines.append(
+            table(
+                ["severity", "rule", "subject", "GPU-h", "$", "message"],
+                [
+                    [
+                        f.severity.label,
+                        f.rule,
+                        _subject(f.subject),
+                        f"{f.gpu_hours:,.1f}",
+                        f"{f.usd:,.2f}",
+                        f.message,
+                    ]
+                    for f in active[:top]
+                ],
+                right={3, 4},
+            )
+        )
+    skipped = [r for r in result.results if r.status != "ok"]
+    for r in skipped:
+        lines.append(f"{r.rule} {r.status}: {r.reason}")
+    notes = sum(len(r.notes) for r in result.results)
+    if notes:
+        lines.append(f"{notes} subjects could not be judged (see notes in --format json)")
+    return "\n".join(safe_lines(lines))
+
+
+def safe_lines(lines: list[str]) -> list[str]:
+    return [safe(line) for line in lines]
+
+
+def render_markdown(result, summary, top: int = 20) -> str:
+    waste, spend = summary["waste"], summary["spend"]
+    out = [
+        f"## audit scan #{result.scan_id}",
+        "",
+        f"**Waste: {waste['gpu_hours']:,.1f} GPU-h, ${waste['usd']:,.2f}**"
+        + (
+            f" ({100 * waste['usd'] / spend['usd']:.1f} % of ${spend['usd']:,.2f} spent)"
+            if spend["usd"]
+            else ""
+        )
+        + f", {waste['bytes'] / 1e9:,.1f} GB reclaimable storage.",
+        "",
+        "| family | findings | GPU-h | $ | GB |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    out += [
+        f"| {f['family']} {f['label']} | {f['findings']} | {f['gpu_hours']:,.1f} | {f['usd']:,.2f} | {f['bytes'] / 1e9:,.1f} |"
+        for f in summary["families"]
+    ]
+    out += ["", "| severity | rule | subject | waste | finding |", "|---|---|---|--:|---|"]
+    for f in result.active[:top]:
+        out.append(
+            f"| {f.severity.label} | {f.rule} | {_md(_subject(f.subject))} | ${f.usd:,.2f} | {_md(f.message)} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _md(text: str) -> str:
+    return safe(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _subject(subject: dict) -> str:
+    for key in ("run_name", "job_id", "host", "dataset_digest", "run_dir"):
+        if subject.get(key):
+            return str(subject[key])
+    return json.dumps(subject, default=str)
+
+
+@cli.command("scan")
+@click.option(
+    "--select", metavar="CODES", help="Only these rules or families, comma separated (DUP001,OVP)."
+)
+@click.option("--ignore", metavar="CODES", help="Skip these rules or families, comma separated.")
+@click.option("--since", type=DATE, help="Judge activity from this date (UTC), inclusive.")
+@click.option("--until", type=DATE, help="Judge activity before this date (UTC).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "md"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to this file instead of stdout.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(SEVERITIES),
+    help="Exit 1 when a finding is at or above this severity.",
+)
+@pass_app
+def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fail_on) -> None:
+    """Run the waste rules over the warehouse, store and print the findings.
+
+    Exit code 1 when a finding is at or above --fail-on (for CI and cron), else 0.
+
+    \b
+    Example:
+      audit scan
+      audit scan --select OVP,IDL --since 2026-11-16 --until 2026-11-23 --format json --output scan.json
+      audit scan --fail-on high
+    """
+    if since and until and since >= until:
+        raise click.UsageError("--since must be before --until")
+    rules = select_rules(select, ignore)
+    config = app.config
+    with app.warehouse() as wh:
+        result = scan(wh, config, rules, since, until)
+        summary = summarise(result, wh.con, config)
+    document = scan_document(result, summary)
+    if fmt == "json":
+        text = json.dumps(document, indent=2, default=str) + "\n"
+    elif fmt == "md":
+        text = render_markdown(result, summary)
+    else:
+        text = render_table(result, summary) + "\n"
+    if output:
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output} ({summary['findings']} findings)")
+    else:
+        click.echo(text, nl=False)
+    if fail_on and any(f.severity >= Severity.parse(fail_on) for f in result.active):
+        raise SystemExit(1)
+
+
+@cli.group("rules")
+def rules_group() -> None:
+    """List the waste rules and explain one.
+
+    \b
+    Example:
+      audit rules list
+      audit rules explain OVP001
+    """
+
+
+@rules_group.command("list")
+def rules_list() -> None:
+    """List every rule with its code, name, severity and one-line summary.
+
+    \b
+    Example:
+      audit rules list
+    """
+    click.echo(
+        table(
+            ["code", "name", "severity", "what it detects"],
+            [[r.code, r.name, r.severity.label, r.summary()] for r in all_rules().values()],
+        )
+    )
+
+
+@rules_group.command("explain")
+@click.argument("code")
+def rules_explain(code: str) -> None:
+    """Print a rule's documentation: what, why, false positives, example, fix, thresholds.
+
+    \b
+    Example:
+      audit rules explain DUP001
+    """
+    rule = get_rule(code)
+    out = [
+        f"{rule.code} {rule.name} (default severity {rule.severity.label})",
+        "",
+        rule.summary(),
+        "",
+    ]
+    for heading, text in rule.sections().items():
+        out += [f"{heading}:", *[f"  {line}" if line else "" for line in text.splitlines()], ""]
+    out.append(f"Thresholds ([rules.{rule.code}] in audit.toml):")
+    if rule.thresholds:
+        out += [f"  {k} = {t.describe()}: {t.help}" for k, t in rule.thresholds.items()]
+    else:
+        out.append("  none")
+    out.append("")
+    out.append("Needs: " + ", ".join(rule.needs) if rule.needs else "Needs: nothing")
+    click.echo("\n".join(out))

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+from audit.engine import Rule, RuleContext, Severity, Threshold
+
+from ._common import gpu_usage, hours_between, run_facts
+
+
+class IdleTail(Rule):
+    """A job kept its GPUs, idle, after its training run had ended.
+
+    What it detects:
+    Jobs linked to an MLflow run that ended at least `min_tail_minutes` before the job,
+    with the job's GPUs at or below `max_util_pct` mean utilisation in between.
+
+    Why it is waste:
+    The allocation is paid for and blocks the queue while doing nothing (a `sleep`, a
+    hung process, a notebook left open). Waste = GPUs × tail duration.
+
+    Known false positives:
+    Evaluation or export launched by the same job after training without its own MLflow
+    run (then the GPUs would not be idle), and clock skew between hosts and the tracking
+    server (minutes, below the default threshold).
+
+    Example:
+    `rl-qwen-grpo`'s run ended at 12:00; job 4700108 held 8 H100s at 0 % until 14:01:
+    8 × 2.0 h = 16 GPU-h.
+
+    How to fix:
+    End the job when training ends (`scancel $SLURM_JOB_ID` in an exit trap; no trailing
+    `sleep`), and set `--time` close to the run time.
+
+    References:
+    Princeton Research Computing, Job Defense Shield: "zero GPU utilization" alerts.
+    """
+
+    code = "IDL001"
+    name = "idle-tail"
+    severity = Severity.HIGH
+    needs = {
+        "jobs": "no Slurm jobs imported",
+        "run_jobs": "no run is linked to a Slurm job",
+        "gpu_samples": "no GPU telemetry imported",
+    }
+    thresholds = {
+        "min_tail_minutes": Threshold(30.0, "shorter tails are not flagged", 5, unit="min"),
+        "max_util_pct": Threshold(
+            5.0, "GPUs at or below this mean utilisation are idle", 0, 100, "%"
+        ),
+    }
+    recommendation = "End the job when the run ends (scancel in an exit trap, no trailing sleep)."
+
+    def check(self, ctx: RuleContext):
+        t = ctx.thresholds
+        tails = []
+        for run in run_facts(ctx):
+            if run["job_id"] is None or run["end_time"] is None or run["job_end"] is None:
+                continue
+            if hours_between(run["end_time"], run["job_end"]) * 60 < t["min_tail_minutes"]:
+                continue
+            if (ctx.since and run["job_end"] < ctx.since) or (
+                ctx.until and run["end_time"] >= ctx.until
+            ):
+                continue
+            tails.append(run)
+        usage = gpu_usage(
+            ctx,
+            [
+                {
+                    "key": r["run_id"],
+                    "cluster": r["cluster"],
+                    "job_id": r["job_id"],
+                    "gpus": r["job_gpus"],
+                    "start": r["end_time"],
+                    "end": r["job_end"],
+                }
+                for r in tails
+            ],
+        )
+        for run in tails:
+            use = usage[run["run_id"]]
+            if use.status != "ok":
+                ctx.skip(f"job {run['job_id']}: {use.status} in the tail after run {run['name']!r}")
+                continue
+            if use.mean_util > t["max_util_pct"]:
+                continue
+            hours = hours_between(run["end_time"], run["job_end"])
+            gpu_hours = run["job_gpus"] * hours
+            yield self.finding(
+                ctx,
+                subject={
+                    "cluster": run["cluster"],
+                    "job_id": run["job_id"],
+                    "run_id": run["run_id"],
+                    "run_name": run["name"],
+                },
+                message=(
+                    f"job {run['job_id']} held {run['job_gpus']} GPUs at {use.mean_util:.1f} % for {hours * 60:.0f} min "
+                    f"after run {run['name']!r} ended (threshold {t['min_tail_minutes']:g} min at ≤ {t['max_util_pct']:g} %)"
+                ),
+                evidence={
+                    "run_ended": run["end_time"],
+                    "job_ended": run["job_end"],
+                    "mean_util_pct_in_tail": round(use.mean_util, 2),
+                    "samples": use.samples,
+                    "formula": (
+                        f"{run['job_gpus']} GPUs × {hours:.2f} h = {gpu_hours:.2f} GPU-h × ${run['price']:.2f}/GPU-h "
+                        f"({run['price_key']}) = ${gpu_hours * run['price']:,.2f}"
+                    ),
+                },
+                gpu_hours=gpu_hours,
+                usd=gpu_hours * run["price"],
+                team=run["team"],
+                method=run["method"],
+                happened_at=run["end_time"],
+            )

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from audit.engine import Rule, RuleContext, Severity, Threshold
+
+
+class IdleHost(Rule):
+    """A host kept reporting GPU telemetry, with no job on it, for hours.
+
+    What it detects:
+    Stretches of at least `min_idle_hours` during which a host sent GPU telemetry while no
+    Slurm job was allocated on it. A host that reports telemetry is taken to be up and
+    paid for (a reservation, a dedicated node, a cloud instance left running); shorter
+    gaps between jobs are normal scheduling and are not flagged.
+
+    Why it is waste:
+    The capacity is paid for and does nothing. Waste = GPUs seen on the host × hours.
+
+    Known false positives:
+    Hosts whose jobs were not imported (a partition missing from the sacct export), and
+    on-premise nodes whose idle time costs only power (lower `[prices]` for them).
+
+    Example:
+    `gpu-h04` reported 8 idle H100s for 12 h after its last job ended: 96 GPU-h.
+
+    How to fix:
+    Release reservations and cloud nodes when the queue is empty (Slurm power saving,
+    autoscaling), or fill them with backfill jobs.
+
+    References:
+    Slurm power saving guide (SuspendTime); cloud autoscaler documentation.
+    """
+
+    code = "IDL003"
+    name = "idle-host"
+    severity = Severity.HIGH
+    needs = {
+        "gpu_samples": "no GPU telemetry imported",
+        "jobs": "no Slurm jobs imported (cannot tell idle hosts)",
+    }
+    thresholds = {
+        "min_idle_hours": Threshold(4.0, "flag idle stretches at least this long", 0.5, unit="h"),
+        "max_gap_minutes": Threshold(
+            15.0, "telemetry gaps longer than this end a stretch (host down)", 1, unit="min"
+        ),
+    }
+    recommendation = (
+        "Release idle reserved or cloud capacity (power saving, autoscaling) or backfill it."
+    )
+
+    def check(self, ctx: RuleContext):
+        t = ctx.thresholds
+        condition, params = ctx.in_window("s.ts")
+        spans = ctx.rows(
+            f"""
+            WITH times AS (
+                SELECT s.host, s.ts, count(DISTINCT s.gpu) AS gpus, any_value(s.model) AS model,
+                       bool_or(j.job_id IS NOT NULL) AS busy
+                FROM gpu_samples s
+                LEFT JOIN job_nodes n ON n.host = s.host
+                LEFT JOIN jobs j ON j.cluster = n.cluster AND j.job_id = n.job_id
+                     AND s.ts >= j.start_time AND s.ts < coalesce(j.end_time, TIMESTAMP '9999-12-31')
+                WHERE {condition}
+                GROUP BY s.host, s.ts
+            ),
+            marked AS (
+                SELECT *, CASE WHEN busy OR lag(busy) OVER w OR lag(ts) OVER w IS NULL
+                                    OR ts - lag(ts) OVER w > to_minutes(CAST(? AS BIGINT)) THEN 1 ELSE 0 END AS starts
+                FROM times WINDOW w AS (PARTITION BY host ORDER BY ts)
+            ),
+            numbered AS (
+                SELECT *, sum(starts) OVER (PARTITION BY host ORDER BY ts) AS stretch FROM marked WHERE NOT busy
+            )
+            SELECT host, stretch, min(ts) AS first_ts, max(ts) AS last_ts, max(gpus) AS gpus,
+                   any_value(model) AS model, count(*) AS samples
+            FROM numbered GROUP BY host, stretch ORDER BY host, first_ts
+            """,
+            [*params, round(t["max_gap_minutes"])],
+        )
+        for span in spans:
+            hours = (span["last_ts"] - span["first_ts"]).total_seconds() / 3600
+            if hours < t["min_idle_hours"]:
+                continue
+            price, key = ctx.gpu_price(span["model"])
+            gpu_hours = span["gpus"] * hours
+            yield self.finding(
+                ctx,
+                subject={
+                    "host": span["host"],
+                    "from": span["first_ts"].isoformat(timespec="minutes"),
+                },
+                message=(
+                    f"host {span['host']} reported {span['gpus']} GPUs with no job for {hours:.1f} h "
+                    f"({span['first_ts']:%Y-%m-%d %H:%M} to {span['last_ts']:%Y-%m-%d %H:%M} UTC; threshold {t['min_idle_hours']:g} h)"
+                ),
+                evidence={
+                    "first_sample": span["first_ts"],
+                    "last_sample": span["last_ts"],
+                    "samples": span["samples"],
+                    "formula": f"{span['gpus']} GPUs × {hours:.2f} h = {gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({key}) = ${gpu_hours * price:,.2f}",
+                },
+                gpu_hours=gpu_hours,
+                usd=gpu_hours * price,
+                happened_at=span["first_ts"],
+            )

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+from audit.engine import Rule, RuleContext, Severity, Threshold
+
+from ._common import money, run_facts
+from ._metrics import glob_sql
+
+
+class GeneralRegression(Rule):
+    """A run's general-ability benchmarks fell below its base model's by more than the tolerance.
+
+    What it detects:
+    Runs whose latest value of any `[metrics] general` metric is lower than the baseline's
+    by more than `tolerance` (absolute). The baseline is the run tagged
+    `audit.baseline=true` with the same `base_model` param. When the metric history
+    crossed the tolerance at a step s while training went on, the GPU-hours after s are
+    what an automatic gate would have saved. Runs registered as a model are critical.
+    Runs without a baseline for their base model get an info finding.
+
+    Why it is waste:
+    A model that lost general ability is unusable and its training is redone: the
+    compute after the regression became visible bought nothing but a worse model.
+
+    Known false positives:
+    Benchmarks too noisy for the tolerance (raise `tolerance`), and intended
+    specialisation where general ability does not matter (tag `audit.ignore=REG002`).
+
+    Example:
+    `sft-qwen-lr1e-4`: MMLU 0.742 → 0.577 (−0.165, tolerance 0.02), crossed at step 500
+    of 3000; the last 7.5 h × 8 GPUs were spent after the gate would have fired.
+
+    How to fix:
+    Lower the learning rate or mix general data into SFT, prefer on-policy methods (RL,
+    on-policy distillation) that forget less, and stop training automatically with
+    `audit gate RUN_ID` in the training loop.
+
+    References:
+    Shenfeld, Pari, Agrawal, "RL's Razor: Why Online Reinforcement Learning Forgets Less" (2025);
+    Thinking Machines Lab, "On-Policy Distillation" (2025).
+    """
+
+    code = "REG002"
+    name = "general-regression"
+    severity = Severity.HIGH
+    needs = {"runs": "no MLflow runs imported", "metrics": "no metrics imported"}
+    thresholds = {"tolerance": Threshold(0.02, "allowed absolute drop below the baseline", 0, 1)}
+    recommendation = "Gate training on general benchmarks (audit gate) and lower the learning rate or mix in general data."
+
+    def check(self, ctx: RuleContext):
+        tolerance = ctx.thresholds["tolerance"]
+        condition, globs = glob_sql(ctx, "general")
+        baseline_tag = ctx.config.values["attribution"]["baseline_tag"]
+        facts = run_facts(ctx)
+        baselines: dict[str, dict] = {}
+        flagged = {
+            (r["source_id"], r["run_id"])
+            for r in ctx.rows(
+                "SELECT source_id, run_id FROM tags WHERE key = ? AND lower(value) = 'true'",
+                [baseline_tag],
+            )
+        }
+        for run in facts:
+            if (run["source_id"], run["run_id"]) in flagged and run["base_model"]:
+                baselines.setdefault(run["base_model"], run)  # the earliest baseline wins
+        latest = ctx.rows(
+            f"SELECT source_id, run_id, key, value FROM latest_metrics WHERE {condition}", globs
+        )
+        values: dict[tuple, dict[str, float]] = {}
+        for row in latest:
+            values.setdefault((row["source_id"], row["run_id"]), {})[row["key"]] = row["value"]
+        registered = {
+            r["run_id"]
+            for r in ctx.rows("SELECT DISTINCT run_id FROM model_versions WHERE run_id IS NOT NULL")
+        }
+        for run in facts:
+            key = (run["source_id"], run["run_id"])
+            if key in flagged or key not in values or run["lifecycle_stage"] != "active":
+                continue
+            if (ctx.since and run["start_time"] < ctx.since) or (
+                ctx.until and run["start_time"] >= ctx.until
+            ):
+                continue
+            baseline = baselines.get(run["base_model"])
+            if baseline is None:
+                yield self.finding(
+                    ctx,
+                    subject={"run_id": run["run_id"], "run_name": run["name"]},
+                    message=f"run {run['name']!r} has general metrics but no baseline run for base model {run['base_model']!r}",
+                    evidence={
+                        "base_model": run["base_model"],
+                        "baseline_tag": f"{baseline_tag}=true",
+                    },
+                    severity=Severity.INFO,
+                    recommendation=f"Evaluate the base model once and tag that run {baseline_tag}=true.",
+                    team=run["team"],
+                    method=run["method"],
+                    happened_at=run["start_time"],
+                )
+                continue
+            reference = values.get((baseline["source_id"], baseline["run_id"]), {})
+            drops = {
+                metric: {
+                    "baseline": reference[metric],
+                    "current": value,
+                    "change": value - reference[metric],
+                }
+                for metric, value in sorted(values[key].items())
+                if metric in reference and value < reference[metric] - tolerance
+            }
+            if not drops:
+                continue
+            yield self._finding(
+                ctx, run, baseline, reference, drops, tolerance, run["run_id"] in registered
+            )
+
+    def _finding(self, ctx, run, baseline, reference, drops, tolerance, registered):
+        crossing = ctx.rows(
+            f"""
+            SELECT min(ts) AS ts, min(step) AS step FROM metrics
+            WHERE source_id = ? AND run_id = ? AND list_contains(?, key)
+              AND value < (CASE {" ".join("WHEN key = ? THEN ?" for _ in reference)} END) - ?
+            """,
+            [
+                run["source_id"],
+                run["run_id"],
+                list(reference),
+                *[x for k, v in reference.items() for x in (k, v)],
+                tolerance,
+            ],
+        )[0]
+        worst = min(drops.items(), key=lambda kv: kv[1]["change"])
+        gpu_hours = usd = 0.0
+        evidence = {
+            "baseline_run": {"run_id": baseline["run_id"], "name": baseline["name"]},
+            "drops": {k: {n: round(x, 4) for n, x in v.items()} for k, v in drops.items()},
+            "tolerance": tolerance,
+        }
+        end = run["job_end"] or run["end_time"]
+        if crossing["ts"] is not None and end and run["gpus"] and crossing["ts"] < end:
+            after = (end - crossing["ts"]).total_seconds() / 3600
+            gpu_hours = run["gpus"] * after
+            usd = gpu_hours * run["price"]
+            evidence["crossed_at"] = {"step": crossing["step"], "time": crossing["ts"]}
+            evidence["formula"] = (
+                f"{run['gpus']} GPUs × {after:.2f} h after the crossing (until {end:%Y-%m-%d %H:%M}) = "
+                + money(gpu_hours, run["price"], run["price_key"])
+            )
+        else:
+            evidence["formula"] = (
+                "the regression is visible only in the final value: no gate savings claimed"
+            )
+        name, change = worst[0], worst[1]
+        return self.finding(
+            ctx,
+            subject={"run_id": run["run_id"], "run_name": run["name"]},
+            message=(
+                f"run {run['name']!r}: {name} {change['baseline']:.3f} → {change['current']:.3f} "
+                f"({change['change']:+.3f}, tolerance −{tolerance:g}) against baseline {baseline['name']!r}"
+                + (f"; {len(drops)} general metrics regressed" if len(drops) > 1 else "")
+            ),
+            evidence=evidence,
+            severity=Severity.CRITICAL if registered else self.severity,
+            gpu_hours=gpu_hours,
+            usd=usd,
+            team=run["team"],
+            method=run["method"],
+            happened_at=run["start_time"],
+        )
