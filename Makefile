@@ -30,6 +30,7 @@ demo: $(VENV)/.installed
 	$(DEMO) ingest gpu sample_logs/gpu/*.csv
 	$(DEMO) ingest checkpoints $(OUT)/scratch
 	$(DEMO) status
+	$(DEMO) scan
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -17,7 +17,7 @@ import json
 import pkgutil
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
@@ -484,7 +484,3 @@ def scan(
                 ],
             )
     return ScanResult(scan_id, started_at, config.digest, since, until, results)
-
-
-def iter_docs() -> Iterator[type[Rule]]:
-    yield from all_rules().values()

@@ -89,6 +89,7 @@ class GeneralRegression(Rule):
                     evidence={
                         "base_model": run["base_model"],
                         "baseline_tag": f"{baseline_tag}=true",
+                        "formula": "hint only: no waste figure is claimed",
                     },
                     severity=Severity.INFO,
                     recommendation=f"Evaluate the base model once and tag that run {baseline_tag}=true.",

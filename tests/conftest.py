@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from audit.cli import cli
-from tests.helpers import log_reference_runs, mlflow_server
+from tests.helpers import REPO, log_reference_runs, mlflow_server
+
+SAMPLE = REPO / "sample_logs"
 
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 
@@ -36,3 +40,30 @@ def run_cli(tmp_path):
 @pytest.fixture
 def db(tmp_path) -> Path:
     return tmp_path / "audit.duckdb"
+
+
+@pytest.fixture(scope="session")
+def demo_db(tmp_path_factory):
+    """The sample week imported exactly as `make demo` does it, through the real CLI."""
+    work = tmp_path_factory.mktemp("demo")
+    scratch = work / "scratch"
+    subprocess.run(
+        [sys.executable, str(SAMPLE / "make_checkpoints.py"), str(scratch)],
+        check=True,
+        capture_output=True,
+    )
+    config = work / "audit.toml"
+    config.write_text(f'[links]\npath_prefixes = {{ "/scratch" = "{scratch}" }}\n')
+    db = work / "demo.duckdb"
+    base = [sys.executable, "-m", "audit", "--db", str(db), "--config", str(config)]
+    for args in (
+        ["ingest", "mlflow", "--tracking-uri", str(SAMPLE / "mlruns")],
+        ["ingest", "slurm", str(SAMPLE / "slurm" / "week47.sacct")],
+        ["ingest", "gpu", *sorted(str(p) for p in (SAMPLE / "gpu").glob("*.csv"))],
+        ["ingest", "checkpoints", str(scratch)],
+    ):
+        subprocess.run([*base, *args], check=True, capture_output=True, cwd=work)
+    status = subprocess.run(
+        [*base, "status"], check=True, capture_output=True, text=True, cwd=work
+    ).stdout
+    return {"db": db, "status": status, "scratch": scratch, "config": config}

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import duckdb
-import pytest
 
 from tests.helpers import REPO
 
@@ -89,33 +86,6 @@ def test_missing_root_is_a_clear_error(tmp_path, run_cli):
     )
     assert code == 2
     assert err == f"Error: {tmp_path / 'nope'}: no such folder\n"
-
-
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory):
-    """The sample week imported exactly as `make demo` does it, through the real CLI."""
-    work = tmp_path_factory.mktemp("demo")
-    scratch = work / "scratch"
-    subprocess.run(
-        [sys.executable, str(SAMPLE / "make_checkpoints.py"), str(scratch)],
-        check=True,
-        capture_output=True,
-    )
-    config = work / "audit.toml"
-    config.write_text(f'[links]\npath_prefixes = {{ "/scratch" = "{scratch}" }}\n')
-    db = work / "demo.duckdb"
-    base = [sys.executable, "-m", "audit", "--db", str(db), "--config", str(config)]
-    for args in (
-        ["ingest", "mlflow", "--tracking-uri", str(SAMPLE / "mlruns")],
-        ["ingest", "slurm", str(SAMPLE / "slurm" / "week47.sacct")],
-        ["ingest", "gpu", *sorted(str(p) for p in (SAMPLE / "gpu").glob("*.csv"))],
-        ["ingest", "checkpoints", str(scratch)],
-    ):
-        subprocess.run([*base, *args], check=True, capture_output=True, cwd=work)
-    status = subprocess.run(
-        [*base, "status"], check=True, capture_output=True, text=True, cwd=work
-    ).stdout
-    return {"db": db, "status": status, "scratch": scratch}
 
 
 def test_sample_week_links(demo_db):

@@ -33,6 +33,9 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "run_jobs",
             "checkpoint_runs",
             "file_imports",
+            "scans",
+            "findings",
+            "rule_results",
         }
 
 

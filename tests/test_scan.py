@@ -1,0 +1,221 @@
+"""`audit scan` on the sample week, the engine's guarantees, and the rules' documentation."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from audit.engine import DOC_SECTIONS, Finding, Rule, Severity, all_rules, run_rules
+from audit.warehouse import open_warehouse
+from tests.helpers import REPO
+
+sys.path.insert(0, str(REPO / "sample_logs"))
+import plan
+
+RULES = list(all_rules().values())
+
+
+def scan_json(run_cli, demo_db, *args):
+    code, out, err = run_cli(
+        "--db",
+        str(demo_db["db"]),
+        "--config",
+        str(demo_db["config"]),
+        "scan",
+        "--format",
+        "json",
+        *args,
+    )
+    assert code in (0, 1), err
+    return code, json.loads(out)
+
+
+def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
+    _, doc = scan_json(run_cli, demo_db)
+    found = sorted(
+        (
+            f["rule"],
+            f["subject"].get("run_name")
+            or f["subject"].get("job_id")
+            or f["subject"].get("host")
+            or f["subject"].get("dataset_digest")
+            or f["subject"].get("run_dir", "").rsplit("/", 1)[-1],
+        )
+        for f in doc["findings"]
+    )
+    assert found == sorted(
+        [
+            ("CKP001", "opd-llama-from-qwen72b"),
+            ("CKP001", "rl-qwen-grpo"),
+            ("CKP001", "sft-qwen-lr1e-4"),
+            ("CKP001", "sft-qwen-lr2e-5"),
+            ("CKP001", "sft-qwen-lr2e-5-again"),
+            ("CKP002", "debug-sft-tiny"),
+            ("CKP003", "old-sweep-0917"),
+            ("DUP001", "sft-qwen-lr2e-5-again"),
+            ("IDL001", "rl-qwen-grpo"),
+            ("IDL002", plan.INTERACTIVE_JOB["job_id"]),
+            ("IDL003", "gpu-h04"),
+            ("OVP001", "4700112"),
+            ("OVP004", "4700111"),
+            ("REG001", "rl-llama-grpo"),
+            ("REG002", "sft-qwen-lr1e-4"),
+            ("SIL001", plan.DATASETS["edit-pairs"]),
+        ]
+    )
+    by_rule = {f["rule"]: f for f in doc["findings"]}
+    # the figures, recomputed from the plan: GPUs x hours x H100 price (3.00 $/GPU-h)
+    assert by_rule["DUP001"]["waste"]["gpu_hours"] == pytest.approx(8 * (6 + 2 / 60), abs=0.01)
+    assert by_rule["OVP001"]["waste"]["gpu_hours"] == pytest.approx(7 * (5 + 2 / 60), abs=0.01)
+    assert by_rule["IDL001"]["waste"]["gpu_hours"] == pytest.approx(8 * (2 + 1 / 60), abs=0.01)
+    assert by_rule["IDL002"]["waste"] == {"gpu_hours": 12.0, "usd": 36.0, "bytes": 0}
+    assert by_rule["IDL003"]["waste"]["gpu_hours"] == pytest.approx(8 * 12, abs=0.7)
+    assert by_rule["REG002"]["severity"] == "critical"  # registered as coder-edit-sft
+    # weights as planned, plus the small JSON files of each checkpoint
+    assert by_rule["CKP002"]["waste"]["bytes"] == pytest.approx(15.2e9, abs=1e5)
+    for finding in doc["findings"]:
+        assert finding["waste"]["usd"] == pytest.approx(
+            finding["waste"]["gpu_hours"] * 3.0 + finding["waste"]["bytes"] / 1e9 * 0.023, abs=0.01
+        )
+        assert "formula" in finding["evidence"]
+    reclaimable = sum(f["waste"]["bytes"] for f in doc["findings"])
+    assert reclaimable == pytest.approx(
+        (3 + 2 + 4) * 15.2e9 + 5 * 15.2e9 + 3 * 16.1e9 + 15.2e9 + 15.2e9, abs=2e6
+    )
+    assert doc["summary"]["rules"] == {"ok": 14, "skipped": 0, "error": 0}
+    assert set(doc["summary"]["by_method"]) >= {"sft", "rl", "opd", "eval"}
+
+
+def test_scan_table_and_fail_on(run_cli, demo_db):
+    base = ["--db", str(demo_db["db"]), "--config", str(demo_db["config"]), "scan"]
+    code, out, _ = run_cli(*base)
+    assert code == 0
+    assert out.splitlines()[0].split() == ["family", "findings", "GPU-h", "$", "GB"]
+    assert re.search(r"^all\s+16\s", out, re.M)
+    assert "critical  REG002  sft-qwen-lr1e-4" in out
+    assert run_cli(*base, "--fail-on", "critical")[0] == 1
+    assert run_cli(*base, "--select", "SIL", "--fail-on", "high")[0] == 0
+    assert run_cli(*base, "--select", "SIL", "--fail-on", "medium")[0] == 1
+    code, _, err = run_cli(*base, "--select", "XYZ")
+    assert code == 2 and "no rule matches 'XYZ'" in err
+    code, _, err = run_cli(*base, "--since", "2026-11-20", "--until", "2026-11-19")
+    assert code == 2
+
+
+def test_window_limits_the_findings(run_cli, demo_db):
+    _, doc = scan_json(run_cli, demo_db, "--since", "2026-11-19T16:00:00", "--until", "2026-11-23")
+    assert sorted({f["rule"] for f in doc["findings"] if f["waste"]["gpu_hours"]}) == ["OVP001"]
+
+
+def test_finding_ids_are_stable_and_scans_are_stored(run_cli, demo_db):
+    _, first = scan_json(run_cli, demo_db)
+    _, second = scan_json(run_cli, demo_db)
+    assert [f["id"] for f in first["findings"]] == [f["id"] for f in second["findings"]]
+    assert second["scan"]["id"] == first["scan"]["id"] + 1
+    wh = open_warehouse(demo_db["db"], read_only=True)
+    stored = wh.scalar("SELECT count(*) FROM findings WHERE scan_id = ?", [second["scan"]["id"]])
+    wh.close()
+    assert stored == len(second["findings"])
+
+
+def test_suppressions_by_tag_and_config(run_cli, demo_db, tmp_path):
+    config = tmp_path / "audit.toml"
+    config.write_text(
+        demo_db["config"].read_text()
+        + '\n[[suppress]]\nrule = "IDL003"\nsubject = "gpu-h04"\nreason = "reserved for the Friday demo"\n'
+    )
+    _code, out, _err = run_cli(
+        "--db", str(demo_db["db"]), "--config", str(config), "scan", "--format", "json"
+    )
+    doc = json.loads(out)
+    muted = [f for f in doc["findings"] if f["suppressed"]]
+    assert [(f["rule"], f["suppressed_reason"]) for f in muted] == [
+        ("IDL003", "config: reserved for the Friday demo")
+    ]
+    assert doc["summary"]["suppressed"] == 1
+    assert doc["summary"]["findings"] == 15
+
+
+def test_unknown_rule_setting_lists_valid_keys(run_cli, demo_db, tmp_path):
+    config = tmp_path / "audit.toml"
+    config.write_text("[rules.OVP001]\nbusy_util = 5\n")
+    code, _, err = run_cli("--db", str(demo_db["db"]), "--config", str(config), "scan")
+    assert code == 2
+    assert (
+        "unknown key 'busy_util' in [rules.OVP001]; valid keys: busy_util_pct, min_job_minutes"
+        in err
+    )
+    config.write_text("[rules.OVP001]\nbusy_util_pct = 500\n")
+    assert (
+        "busy_util_pct must be ≤ 100"
+        in run_cli("--db", str(demo_db["db"]), "--config", str(config), "scan")[2]
+    )
+
+
+class Broken(Rule):
+    """Always raises."""
+
+    code, name, severity = "TST001", "broken", Severity.LOW
+
+    def check(self, ctx):
+        raise ZeroDivisionError("boom")
+
+
+class Fine(Rule):
+    """Finds one thing."""
+
+    code, name, severity = "TST002", "fine", Severity.LOW
+
+    def check(self, ctx):
+        yield Finding("TST002", "fine", Severity.LOW, {"x": 1}, "m", {"formula": "-"}, "r")
+
+
+def test_a_rule_that_raises_becomes_an_error_and_the_scan_goes_on(tmp_path):
+    from audit.config import load_config
+
+    wh = open_warehouse(tmp_path / "w.duckdb")
+    broken, fine = run_rules(wh.con, load_config(None), [Broken, Fine])
+    wh.close()
+    assert broken.status == "error" and "ZeroDivisionError: boom" in broken.reason
+    assert fine.status == "ok" and len(fine.findings) == 1
+
+
+def test_empty_warehouse_skips_every_rule_with_a_reason(run_cli, tmp_path):
+    db = tmp_path / "w.duckdb"
+    open_warehouse(db).close()
+    code, out, _ = run_cli("--db", str(db), "scan", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0
+    assert {r["status"] for r in doc["scan"]["rules"]} == {"skipped"}
+    assert all(r["reason"].startswith("no ") for r in doc["scan"]["rules"])
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
+def test_every_rule_is_documented(rule, run_cli):
+    assert re.fullmatch(r"(DUP|OVP|CKP|REG|IDL|SIL)\d{3}", rule.code)
+    assert re.fullmatch(r"[a-z]+(-[a-z]+)*", rule.name)
+    assert rule.summary()
+    sections = rule.sections()
+    missing = [s for s in DOC_SECTIONS if not sections.get(s)]
+    assert not missing, f"{rule.code} lacks doc sections {missing}"
+    for key, threshold in rule.thresholds.items():
+        assert threshold.help, f"{rule.code}.{key} has no help"
+        assert key in rule.doc() or key in sections.get("What it detects", "") or threshold.help
+    assert rule.recommendation
+    code, out, _ = run_cli("rules", "explain", rule.code.lower())
+    assert code == 0
+    assert out.startswith(f"{rule.code} {rule.name} (default severity {rule.severity.label})")
+    for section in DOC_SECTIONS:
+        assert f"{section}:" in out
+    for key in rule.thresholds:
+        assert f"  {key} = default" in out
+
+
+def test_rules_list(run_cli):
+    code, out, _ = run_cli("rules", "list")
+    assert code == 0
+    assert len(out.strip().splitlines()) == 2 + len(RULES)
+    assert run_cli("rules", "explain", "NOPE999")[0] == 2
