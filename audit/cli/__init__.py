@@ -106,4 +106,4 @@ def main() -> None:
 
 
 # Command modules attach themselves to ``cli``; imported last because they import it.
-from audit.cli import ingest, scan, status  # noqa: E402, F401
+from audit.cli import ingest, runs, scan, status  # noqa: E402, F401

@@ -1,0 +1,269 @@
+"""``audit runs ...``, ``audit sql`` and ``audit export``: the queryable history."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import polars as pl
+
+from audit.cli import AppContext, cli, pass_app
+from audit.cli.output import table
+
+FORMAT = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+
+
+def _registry(app: AppContext):
+    from audit.query.registry import Registry
+
+    return Registry(app.db_path, app.config)
+
+
+def emit(frame: pl.DataFrame, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(frame.to_dicts(), indent=2, default=str))
+    elif fmt == "csv":
+        click.echo(_flat(frame).write_csv(), nl=False)
+    elif frame.is_empty():
+        click.echo("no runs match")
+    else:
+        flat = _flat(frame)
+        click.echo(table(flat.columns, [[_cell(v) for v in row] for row in flat.iter_rows()]))
+
+
+def _flat(frame: pl.DataFrame) -> pl.DataFrame:
+    nested = [c for c, t in frame.schema.items() if isinstance(t, pl.List | pl.Struct)]
+    return frame.with_columns(
+        [
+            pl.col(c).map_elements(lambda v: json.dumps(v, default=str), return_dtype=pl.String)
+            for c in nested
+        ]
+    )
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+@cli.group("runs")
+def runs_group() -> None:
+    """Search, compare and de-duplicate the run history.
+
+    \b
+    Example:
+      audit runs search "params.learning_rate < 3e-5 and tags.team = 'coder'"
+      audit runs similar --config train.yaml --fail-if-exists
+    """
+
+
+@runs_group.command("search")
+@click.argument("filter_text", metavar="FILTER", default="")
+@click.option(
+    "--order-by",
+    multiple=True,
+    metavar="EXPR",
+    help="e.g. 'metrics.acc DESC' (repeatable; numbers sort as numbers).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="At most this many runs.",
+)
+@click.option(
+    "--columns", help="Extra columns, comma separated: params.<key>,metrics.<key>,tags.<key>."
+)
+@click.option("--include-deleted", is_flag=True, help="Also search runs deleted in MLflow.")
+@FORMAT
+@pass_app
+def runs_search(
+    app: AppContext, filter_text, order_by, limit, columns, include_deleted, fmt
+) -> None:
+    """Find runs with MLflow's filter syntax, plus OR, NOT, IN, BETWEEN and numeric params.
+
+    Params compare as numbers when the value is one ('1e-05' = '0.00001'), metrics use
+    the latest value unless wrapped in max(), min(), avg() or last().
+
+    \b
+    Example:
+      audit runs search "params.learning_rate = '1e-05' and attributes.status = 'FINISHED'"
+      audit runs search "(params.method = 'sft' or params.method = 'opd') and max(metrics.\\`eval/target/acc\\`) > 0.4" \\
+          --order-by "metrics.\\`eval/target/acc\\` DESC" --format json
+    """
+    wanted = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+    frame = _registry(app).search(filter_text, list(order_by), limit, wanted, include_deleted)
+    emit(frame.drop("source_id") if "source_id" in frame.columns and fmt == "table" else frame, fmt)
+
+
+@runs_group.command("similar")
+@click.option("--run", "run_id", help="Compare with this run's params.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A training config (YAML, JSON or TOML); nested keys are joined with '.'.",
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A param of the planned run (repeatable).",
+)
+@click.option(
+    "--ignore",
+    help="Keys to leave out of the comparison, comma separated (volatile ones always are).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Nearest neighbours to show.",
+)
+@click.option(
+    "--fail-if-exists", is_flag=True, help="Exit 1 when a FINISHED run with the same config exists."
+)
+@FORMAT
+@pass_app
+def runs_similar(
+    app: AppContext, run_id, config_file, params, ignore, limit, fail_if_exists, fmt
+) -> None:
+    """Has this configuration been run already, and how did it score?
+
+    Exact matches have the same normalised value for every key (volatile keys such as
+    output_dir ignored); nearest neighbours are ranked by how many keys differ.
+
+    \b
+    Example:
+      audit runs similar --param learning_rate=1e-5 --param method=sft --param dataset=codeedit-v3
+      audit runs similar --config train.yaml --fail-if-exists && python train.py
+    """
+    given = sum(x is not None and x != () for x in (run_id, config_file, params or None))
+    if given != 1:
+        raise click.UsageError("give exactly one of --run, --config or --param")
+    pairs = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--param takes KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    ignored = [k.strip() for k in ignore.split(",")] if ignore else []
+    result = _registry(app).similar(run_id, config_file, pairs or None, ignored, limit)
+    finished = (
+        result.exact.filter(pl.col("status") == "FINISHED") if result.exact.height else result.exact
+    )
+    if fmt == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "query": result.query,
+                    "exact": result.exact.to_dicts(),
+                    "neighbours": result.neighbours.to_dicts(),
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    else:
+        click.echo(f"exact matches: {result.exact.height} ({finished.height} finished)")
+        if result.exact.height:
+            emit(
+                result.exact.select(
+                    "run_id", "run_name", "status", "start_time", "target", "general", "gpu_hours"
+                ),
+                fmt,
+            )
+        click.echo("")
+        click.echo(f"nearest runs ({result.neighbours.height}):")
+        if result.neighbours.height:
+            described = [
+                "; ".join(f"{d['key']}: {d['found']} (wanted {d['wanted']})" for d in row or [])
+                for row in result.neighbours["differences"].to_list()
+            ]
+            emit(
+                result.neighbours.select(
+                    "run_id", "run_name", "status", "differing", "target", "gpu_hours"
+                ).with_columns(differences=pl.Series(described, dtype=pl.String)),
+                fmt,
+            )
+    if fail_if_exists and finished.height:
+        click.echo(
+            f"a finished run with this configuration exists: {finished['run_id'][0]}", err=True
+        )
+        raise SystemExit(1)
+
+
+@runs_group.command("compare")
+@click.argument("run_ids", nargs=-1, required=True)
+@click.option("--all-params", is_flag=True, help="Show every param, not only the differing ones.")
+@FORMAT
+@pass_app
+def runs_compare(app: AppContext, run_ids, all_params, fmt) -> None:
+    """Params side by side (differing keys only by default), metrics, GPU-hours and cost.
+
+    \b
+    Example:
+      audit runs compare 5a7bde3db006447f 9339f45d8ecb4aa8
+    """
+    parts = _registry(app).compare(list(run_ids), all_params)
+    if fmt == "json":
+        click.echo(json.dumps({k: v.to_dicts() for k, v in parts.items()}, indent=2, default=str))
+        return
+    for title, frame in parts.items():
+        click.echo(f"{title}:")
+        emit(frame, fmt)
+        click.echo("")
+
+
+@cli.command("sql")
+@click.argument("query")
+@FORMAT
+@pass_app
+def sql_command(app: AppContext, query, fmt) -> None:
+    """Run one read-only SQL query over the warehouse views; writes are refused.
+
+    Views: runs, params, params_wide, metrics, latest_metrics, tags, datasets, jobs,
+    job_nodes, telemetry, checkpoints, findings, scans (columns in docs/schema.md).
+
+    \b
+    Example:
+      audit sql "select key, count(*) from params group by key order by 2 desc limit 10"
+    """
+    frame = _registry(app).sql(query)
+    emit(frame, fmt)
+
+
+@cli.command("export")
+@click.option(
+    "--parquet",
+    "folder",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Empty folder to write <table>/<partition>=<value>/*.parquet into.",
+)
+@pass_app
+def export_command(app: AppContext, folder) -> None:
+    """Export the warehouse as Hive-partitioned Parquet, readable by other engines.
+
+    \b
+    Example:
+      audit export --parquet /data/audit-export
+    """
+    counts = _registry(app).export_parquet(folder)
+    click.echo(
+        f"exported {sum(counts.values()):,} rows from {sum(1 for n in counts.values() if n)} tables to {folder}"
+    )

@@ -1,0 +1,468 @@
+"""The queryable history: search, "already run?", compare, read-only SQL, Parquet export.
+
+    from audit import Registry
+    reg = Registry("audit.duckdb")
+    reg.search("params.learning_rate < 3e-5 and tags.team = 'coder'")   # polars DataFrame
+
+Every method opens the warehouse read-only: a search can run while nothing else writes.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import yaml
+
+from audit.config import Config, load_config
+from audit.errors import InputError
+from audit.importers.mlflow.normalise import normalise_value
+from audit.query.filter import compile_filter, compile_order
+from audit.warehouse import open_warehouse
+
+# Keys that name where or how a run was launched, not what it trained.
+VOLATILE_KEYS = (
+    "output_dir",
+    "logging_dir",
+    "run_name",
+    "report_to",
+    "hub_model_id",
+    "push_to_hub",
+    "logging_steps",
+    "save_steps",
+    "eval_steps",
+    "save_total_limit",
+    "overwrite_output_dir",
+    "dataloader_num_workers",
+    "resume_from_checkpoint",
+    "num_gpus",
+    "world_size",
+    "local_rank",
+)
+VIEWS = {
+    "runs": "one row per run (see docs/schema.md)",
+    "params": "params in long form: run, key, raw value, value_num, value_norm",
+    "params_wide": "params in wide form: one column per key (raw values)",
+    "metrics": "full metric history",
+    "latest_metrics": "latest value per run and key",
+    "tags": "run tags",
+    "datasets": "dataset inputs of runs",
+    "jobs": "Slurm jobs",
+    "job_nodes": "hosts of each job",
+    "telemetry": "GPU samples (nvidia-smi, DCGM, Prometheus)",
+    "checkpoints": "checkpoint inventory with the run each belongs to",
+    "findings": "findings of every stored scan",
+    "scans": "stored scans",
+}
+EXPORT_PARTITIONS = {
+    "runs": "source_id",
+    "params": "source_id",
+    "tags": "source_id",
+    "metrics": "source_id",
+    "latest_metrics": "source_id",
+    "dataset_inputs": "source_id",
+    "experiments": "source_id",
+    "jobs": "cluster",
+    "job_nodes": "cluster",
+    "gpu_samples": "host",
+    "checkpoints": "root",
+    "findings": "scan_id",
+    "rule_results": "scan_id",
+}
+
+
+@dataclass
+class Similar:
+    query: dict[str, str]
+    exact: pl.DataFrame
+    neighbours: pl.DataFrame
+
+
+class Registry:
+    def __init__(self, db: str | Path = "audit.duckdb", config: Config | None = None):
+        self.db = Path(db)
+        self.config = config or load_config(None)
+
+    def _open(self):
+        return open_warehouse(self.db, read_only=True)
+
+    # -- search ------------------------------------------------------------------------------
+    def search(
+        self,
+        filter_text: str = "",
+        order_by: list[str] | None = None,
+        limit: int | None = 100,
+        columns: list[str] | None = None,
+        include_deleted: bool = False,
+    ) -> pl.DataFrame:
+        compiled = compile_filter(filter_text)
+        order_sql, order_params = compile_order(order_by or [])
+        lifecycle = "" if include_deleted else "r.lifecycle_stage = 'active' AND "
+        sql = (
+            "SELECT r.source_id, r.run_id, r.name AS run_name, e.name AS experiment, r.status, r.user_id, "
+            "r.start_time, r.end_time FROM runs r "
+            "LEFT JOIN experiments e ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id "
+            f"WHERE {lifecycle}({compiled.sql}) "
+            f"ORDER BY {order_sql + ', ' if order_sql else ''}r.start_time DESC, r.run_id"
+            + (" LIMIT ?" if limit else "")
+        )
+        params = [*compiled.params, *order_params, *([limit] if limit else [])]
+        wanted = columns if columns is not None else _default_columns(compiled.keys, order_by or [])
+        with self._open() as wh:
+            runs = wh.frame(sql, params)
+            return self._with_columns(wh, runs, wanted)
+
+    def _with_columns(self, wh, runs: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
+        if runs.is_empty() or not columns:
+            return runs
+        wh.con.register("audit_found", runs.select("source_id", "run_id"))
+        try:
+            for column in columns:
+                entity, _, key = column.partition(".")
+                key = key.strip("`")
+                table = {"params": "params", "metrics": "latest_metrics", "tags": "tags"}.get(
+                    entity
+                )
+                if table is None or not key:
+                    raise InputError(
+                        f"--columns takes params.<key>, metrics.<key> or tags.<key>, got {column!r}"
+                    )
+                values = wh.frame(
+                    f'SELECT x.source_id, x.run_id, x.value AS "{column}" FROM {table} x '
+                    "JOIN audit_found f ON f.source_id = x.source_id AND f.run_id = x.run_id WHERE x.key = ?",
+                    [key],
+                )
+                runs = runs.join(values, on=["source_id", "run_id"], how="left")
+        finally:
+            wh.con.unregister("audit_found")
+        return runs
+
+    # -- already run? -----------------------------------------------------------------------
+    def similar(
+        self,
+        run_id: str | None = None,
+        config_file: Path | None = None,
+        params: dict[str, str] | None = None,
+        ignore: list[str] | None = None,
+        limit: int = 10,
+    ) -> Similar:
+        skip = set(VOLATILE_KEYS) | set(ignore or [])
+        with self._open() as wh:
+            if run_id is not None:
+                found = wh.frame("SELECT key, value FROM params WHERE run_id = ?", [run_id])
+                if (
+                    found.is_empty()
+                    and not wh.frame("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).height
+                ):
+                    raise InputError(f"no run {run_id!r} in the warehouse")
+                query = dict(zip(found["key"], found["value"], strict=True))
+            elif config_file is not None:
+                query = flatten(read_config_file(config_file))
+            else:
+                query = dict(params or {})
+            if not query:
+                raise InputError("nothing to compare: give --run, --config or --param key=value")
+            query = {k: v for k, v in query.items() if k not in skip}
+            normalised = {k: normalise_value(str(v))[1] for k, v in query.items()}
+            wh.con.register(
+                "audit_query",
+                pl.DataFrame(
+                    {
+                        "key": list(normalised),
+                        "norm": list(normalised.values()),
+                        "raw": [str(query[k]) for k in normalised],
+                    },
+                    schema={"key": pl.String, "norm": pl.String, "raw": pl.String},
+                ),
+            )
+            try:
+                scored = wh.frame(
+                    """
+                    WITH candidates AS (
+                        SELECT r.source_id, r.run_id, r.name AS run_name, r.status, r.start_time FROM runs r
+                        WHERE r.lifecycle_stage = 'active' AND (? IS NULL OR r.run_id <> ?)
+                    ),
+                    compared AS (
+                        SELECT c.source_id, c.run_id, q.key, q.raw AS wanted, p.value AS found,
+                               p.value_norm IS NOT DISTINCT FROM q.norm AS same
+                        FROM candidates c CROSS JOIN audit_query q
+                        LEFT JOIN params p ON p.source_id = c.source_id AND p.run_id = c.run_id AND p.key = q.key
+                    ),
+                    extra AS (
+                        SELECT p.source_id, p.run_id, count(*) AS n FROM params p JOIN candidates c USING (source_id, run_id)
+                        WHERE p.key NOT IN (SELECT key FROM audit_query) AND NOT list_contains(?, p.key)
+                        GROUP BY ALL
+                    )
+                    SELECT c.source_id, c.run_id, c.run_name, c.status, c.start_time,
+                           count(*) FILTER (WHERE NOT x.same) AS differing,
+                           coalesce(any_value(e.n), 0) AS extra_keys,
+                           list({'key': x.key, 'wanted': x.wanted, 'found': x.found} ORDER BY x.key) FILTER (WHERE NOT x.same) AS differences
+                    FROM candidates c JOIN compared x USING (source_id, run_id)
+                    LEFT JOIN extra e USING (source_id, run_id)
+                    GROUP BY c.source_id, c.run_id, c.run_name, c.status, c.start_time
+                    ORDER BY differing, extra_keys, c.start_time DESC
+                    """,
+                    [run_id, run_id, sorted(skip)],
+                )
+            finally:
+                wh.con.unregister("audit_query")
+            # an exact match has every key of the query; when comparing with a run it also has no extra keys
+            exact_mask = (pl.col("differing") == 0) & (
+                (pl.col("extra_keys") == 0) if run_id else pl.lit(True)
+            )
+            exact = self._results(wh, scored.filter(exact_mask))
+            neighbours = self._results(wh, scored.filter(~exact_mask).head(limit))
+        return Similar(query=query, exact=exact, neighbours=neighbours)
+
+    def _results(self, wh, runs: pl.DataFrame) -> pl.DataFrame:
+        """Add target and general metrics (latest) and GPU-hours to runs."""
+        if runs.is_empty():
+            return runs.with_columns(
+                target=pl.lit(None, pl.String),
+                general=pl.lit(None, pl.String),
+                gpu_hours=pl.lit(None, pl.Float64),
+            )
+        from audit.engine import RuleContext
+        from audit.rules._common import run_facts
+
+        ctx = RuleContext(con=wh.con, config=self.config, thresholds={}, since=None, until=None)
+        facts = {(f["source_id"], f["run_id"]): f["gpu_hours"] for f in run_facts(ctx)}
+        metrics = wh.frame(
+            "SELECT source_id, run_id, key, value FROM latest_metrics WHERE run_id IN (SELECT unnest(?))",
+            [runs["run_id"].to_list()],
+        )
+        summary: dict[tuple, dict[str, list[str]]] = {}
+        for row in metrics.iter_rows(named=True):
+            kind = (
+                "target"
+                if ctx.matches(row["key"], "target")
+                else "general"
+                if ctx.matches(row["key"], "general")
+                else None
+            )
+            if kind:
+                summary.setdefault((row["source_id"], row["run_id"]), {}).setdefault(
+                    kind, []
+                ).append(f"{row['key'].rsplit('/', 1)[-1]}={row['value']:.3f}")
+        keys = list(zip(runs["source_id"], runs["run_id"], strict=True))
+        return runs.with_columns(
+            target=pl.Series(
+                [", ".join(sorted(summary.get(k, {}).get("target", []))) or None for k in keys],
+                dtype=pl.String,
+            ),
+            general=pl.Series(
+                [", ".join(sorted(summary.get(k, {}).get("general", []))) or None for k in keys],
+                dtype=pl.String,
+            ),
+            gpu_hours=pl.Series([facts.get(k) for k in keys], dtype=pl.Float64),
+        )
+
+    # -- compare -------------------------------------------------------------------------------
+    def compare(self, run_ids: list[str], all_params: bool = False) -> dict[str, pl.DataFrame]:
+        if len(run_ids) < 2:
+            raise InputError("compare needs at least two run ids")
+        with self._open() as wh:
+            runs = wh.frame(
+                "SELECT run_id, name FROM runs WHERE run_id IN (SELECT unnest(?))", [run_ids]
+            )
+            missing = [r for r in run_ids if r not in set(runs["run_id"])]
+            if missing:
+                raise InputError(f"no run {missing[0]!r} in the warehouse")
+            label = dict(zip(runs["run_id"], runs["name"], strict=True))
+            columns = [f"{label[r] or r} ({r[:8]})" for r in run_ids]
+            params = wh.frame(
+                "SELECT run_id, key, value, value_norm FROM params WHERE run_id IN (SELECT unnest(?))",
+                [run_ids],
+            )
+            keys = sorted(set(params["key"]))
+            table = {"key": keys}
+            norms = {}
+            for run, column in zip(run_ids, columns, strict=True):
+                mine = params.filter(pl.col("run_id") == run)
+                values = dict(zip(mine["key"], mine["value"], strict=True))
+                norms[run] = dict(zip(mine["key"], mine["value_norm"], strict=True))
+                table[column] = [values.get(k) for k in keys]
+            param_frame = pl.DataFrame(
+                table, schema={"key": pl.String, **{c: pl.String for c in columns}}
+            )
+            if not all_params:
+                differs = [len({norms[r].get(k) for r in run_ids}) > 1 for k in keys]
+                param_frame = param_frame.filter(pl.Series(differs, dtype=pl.Boolean))
+            metrics = wh.frame(
+                """
+                SELECT m.run_id, m.key, l.value AS last, min(m.value) AS min, max(m.value) AS max
+                FROM metrics m JOIN latest_metrics l USING (source_id, run_id, key)
+                WHERE m.run_id IN (SELECT unnest(?)) GROUP BY ALL
+                """,
+                [run_ids],
+            )
+            metric_rows = {}
+            for row in metrics.iter_rows(named=True):
+                metric_rows.setdefault(row["key"], {})[row["run_id"]] = (
+                    f"{row['last']:.4g} (min {row['min']:.4g}, max {row['max']:.4g})"
+                )
+            metric_frame = pl.DataFrame(
+                {
+                    "metric": sorted(metric_rows),
+                    **{
+                        c: [metric_rows[k].get(r) for k in sorted(metric_rows)]
+                        for r, c in zip(run_ids, columns, strict=True)
+                    },
+                },
+                schema={"metric": pl.String, **{c: pl.String for c in columns}},
+            )
+            from audit.engine import RuleContext
+            from audit.rules._common import run_facts
+
+            ctx = RuleContext(con=wh.con, config=self.config, thresholds={}, since=None, until=None)
+            facts = {f["run_id"]: f for f in run_facts(ctx)}
+            cost = pl.DataFrame(
+                {
+                    "item": ["status", "GPU-hours", "USD", "cost basis"],
+                    **{
+                        c: [
+                            facts[r]["status"],
+                            f"{facts[r]['gpu_hours']:.2f}"
+                            if facts[r]["gpu_hours"] is not None
+                            else None,
+                            f"{facts[r]['usd']:.2f}" if facts[r]["usd"] is not None else None,
+                            facts[r]["cost_basis"],
+                        ]
+                        for r, c in zip(run_ids, columns, strict=True)
+                    },
+                },
+            )
+        return {"params": param_frame, "metrics": metric_frame, "cost": cost}
+
+    # -- SQL -------------------------------------------------------------------------------------
+    def sql(self, query: str) -> pl.DataFrame:
+        """Read-only SQL over the documented views; writes and file access are refused."""
+        if not query.strip():
+            raise InputError("empty SQL query")
+        wh = self._open()
+        try:
+            con = wh.con
+            _create_views(con)
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+            try:
+                statements = con.extract_statements(query)
+            except duckdb.Error as exc:
+                raise InputError(f"SQL error: {_first_line(exc)}") from None
+            if len(statements) != 1:
+                raise InputError(f"one statement at a time, got {len(statements)}")
+            if statements[0].type != duckdb.StatementType.SELECT:
+                raise InputError(
+                    f"only read-only queries are allowed (got a {statements[0].type.name} statement); "
+                    f"views: {', '.join(VIEWS)}"
+                )
+            try:
+                return con.sql(query).pl()
+            except duckdb.Error as exc:
+                raise InputError(f"SQL error: {_first_line(exc)}") from None
+        finally:
+            wh.close()
+
+    # -- export ------------------------------------------------------------------------------------
+    def export_parquet(self, folder: Path) -> dict[str, int]:
+        """Every table as Hive-partitioned Parquet under ``folder/<table>/<column>=<value>/``."""
+        folder = Path(folder)
+        if folder.exists() and any(folder.iterdir()):
+            raise InputError(f"{folder} is not empty; export into a new or empty folder")
+        folder.mkdir(parents=True, exist_ok=True)
+        counts = {}
+        with self._open() as wh:
+            for table, partition in EXPORT_PARTITIONS.items():
+                count = wh.scalar(f"SELECT count(*) FROM {table}")
+                counts[table] = count
+                target = folder / table
+                if count == 0:
+                    continue
+                wh.con.execute(
+                    f"COPY (SELECT * FROM {table}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY ({partition}))"
+                )
+        return counts
+
+
+def _sql_path(path: Path) -> str:
+    return str(path.resolve()).replace("'", "''")
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0]
+
+
+def _create_views(con) -> None:
+    con.execute("CREATE OR REPLACE TEMP VIEW datasets AS SELECT * FROM dataset_inputs")
+    con.execute("CREATE OR REPLACE TEMP VIEW telemetry AS SELECT * FROM gpu_samples")
+    keys = [
+        r[0]
+        for r in con.execute("SELECT DISTINCT key FROM params ORDER BY key LIMIT 2000").fetchall()
+    ]
+    if keys:
+        # a view needs the pivot values spelled out; keys are data, so quoted as literals
+        values = ", ".join("'" + k.replace("'", "''") + "'" for k in keys)
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW params_wide AS "
+            f"PIVOT (SELECT source_id, run_id, key, value FROM params) ON key IN ({values}) "
+            "USING first(value) GROUP BY source_id, run_id"
+        )
+    else:
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW params_wide AS SELECT source_id, run_id FROM params"
+        )
+
+
+def _default_columns(keys: list[tuple[str, str]], order_by: list[str]) -> list[str]:
+    out = []
+    for entity, key in keys:
+        if entity in ("params", "metrics", "tags"):
+            column = f"{entity}.{key}"
+            if column not in out:
+                out.append(column)
+    for expression in order_by:
+        head = expression.split()[0]
+        if head.split(".", 1)[0] in ("params", "metrics", "tags") and head not in out:
+            out.append(head)
+    return out
+
+
+def read_config_file(path: Path) -> dict:
+    """A training config in YAML, JSON or TOML (by extension; content sniffed otherwise)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise InputError(
+            f"{path}: cannot parse as {suffix.lstrip('.') or 'YAML'}: {' '.join(str(exc).split())}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a mapping of settings at the top level")
+    return data
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, str]:
+    """Nested settings as MLflow logs them: keys joined with '.', values as strings."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = str(value)  # as MLflow logs it: True, None, [1, 2], 2e-05
+    return out
