@@ -31,6 +31,7 @@ demo: $(VENV)/.installed
 	$(DEMO) ingest checkpoints $(OUT)/scratch
 	$(DEMO) status
 	$(DEMO) scan
+	$(DEMO) report weekly --week 2026-W47 --output $(OUT)/weekly-2026-W47.html
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .

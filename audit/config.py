@@ -60,6 +60,7 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "path_prefixes": ((dict,), {}),
     },
     "mlflow": {
+        "tracking_url": ((str,), ""),  # MLflow UI base URL for run links in reports
         "http_timeout_seconds": ((int, float), 30),
         "http_max_retries": ((int,), 5),
         "http_backoff_seconds": ((int, float), 0.5),

@@ -67,3 +67,32 @@ def demo_db(tmp_path_factory):
         [*base, "status"], check=True, capture_output=True, text=True, cwd=work
     ).stdout
     return {"db": db, "status": status, "scratch": scratch, "config": config}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--regenerate-golden",
+        action="store_true",
+        help="rewrite tests/golden/* from the current output",
+    )
+
+
+@pytest.fixture
+def regenerate_golden(request) -> bool:
+    return request.config.getoption("--regenerate-golden")
+
+
+@pytest.fixture
+def fresh_demo_db(demo_db, tmp_path):
+    """A copy of the sample-week warehouse without any stored scan (scan ids start at 1)."""
+    import shutil
+
+    import duckdb
+
+    db = tmp_path / "demo.duckdb"
+    shutil.copy(demo_db["db"], db)
+    con = duckdb.connect(str(db))
+    for table in ("scans", "findings", "rule_results"):
+        con.execute(f"DELETE FROM {table}")
+    con.close()
+    return {**demo_db, "db": db}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import duckdb
 
 from audit import __version__
 from audit.config import DEFAULT_CONFIG_NAME, Config, load_config
@@ -44,7 +45,10 @@ class AuditGroup(click.Group):
             error = click.ClickException(" ".join(str(exc).split()))
             error.exit_code = exc.exit_code
             raise error from None
-        except KeyboardInterrupt:
+        except (
+            KeyboardInterrupt,
+            duckdb.InterruptException,
+        ):  # DuckDB turns Ctrl-C into its own error
             click.echo("audit: interrupted; nothing was written", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
@@ -106,4 +110,4 @@ def main() -> None:
 
 
 # Command modules attach themselves to ``cli``; imported last because they import it.
-from audit.cli import ingest, runs, scan, status  # noqa: E402, F401
+from audit.cli import ingest, report, runs, scan, status  # noqa: E402, F401

@@ -192,13 +192,25 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
     """
     if since and until and since >= until:
         raise click.UsageError("--since must be before --until")
+    if fmt == "html" and output is None:
+        raise click.UsageError("--format html needs --output PATH")
     rules = select_rules(select, ignore)
     config = app.config
     with app.warehouse() as wh:
         result = scan(wh, config, rules, since, until)
         summary = summarise(result, wh.con, config)
+        if fmt == "html":
+            from audit.reports.render import render_html
+            from audit.reports.weekly import Window, build_report
+
+            label = f"{since or 'start'} to {until or 'now'}"
+            html = render_html(
+                build_report(wh, config, Window(label, since, until), weekly=False, result=result)
+            )
     document = scan_document(result, summary)
-    if fmt == "json":
+    if fmt == "html":
+        text = html
+    elif fmt == "json":
         text = json.dumps(document, indent=2, default=str) + "\n"
     elif fmt == "md":
         text = render_markdown(result, summary)

@@ -1,0 +1,121 @@
+"""Charts as inline SVG, drawn server-side with matplotlib: no JavaScript, no network.
+
+Every chart carries a title and an alt text; the SVG gets a <title> and role="img" so
+screen readers and e-mail clients without SVG support still say what it shows.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+plt.rcParams.update(
+    {
+        "svg.hashsalt": "audit",  # stable ids: the same data gives the same SVG
+        "svg.fonttype": "none",  # text stays text (searchable, small)
+        "font.size": 9,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    }
+)
+PALETTE = ["#3b6ea8", "#d08c2b", "#5a9e6f", "#b5475b", "#7d63a8", "#6b6b6b", "#2a9d9d", "#a06a3b"]
+METHOD_MARKERS = {"sft": "o", "rl": "s", "opd": "^"}
+
+
+@dataclass
+class Chart:
+    title: str
+    alt: str
+    svg: str
+
+
+def _svg(fig, title: str, alt: str) -> Chart:
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # RDF boilerplate
+    text = re.sub(r"<svg ", '<svg role="img" aria-label="' + _attr(alt) + '" ', text, count=1)
+    text = re.sub(r"(<svg[^>]*>)", r"\1<title>" + _text(title) + "</title>", text, count=1)
+    return Chart(title=title, alt=alt, svg=text)
+
+
+def _attr(text: str) -> str:
+    return _text(text).replace('"', "&quot;")
+
+
+def _text(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def bar(title: str, labels: list[str], values: list[float], unit: str, alt: str) -> Chart:
+    fig, ax = plt.subplots(figsize=(6.0, 0.35 * max(len(labels), 3) + 0.8))
+    positions = range(len(labels))
+    ax.barh(list(positions), values, color=PALETTE[0])
+    ax.set_yticks(list(positions), labels=labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    for y, value in zip(positions, values, strict=True):
+        ax.text(value, y, f" {value:,.0f}", va="center", fontsize=8)
+    ax.set_title(title, loc="left")
+    return _svg(fig, title, alt)
+
+
+def grouped(
+    title: str, labels: list[str], series: dict[str, list[float]], unit: str, alt: str
+) -> Chart:
+    fig, ax = plt.subplots(figsize=(6.0, 2.8))
+    width = 0.8 / max(len(series), 1)
+    for index, (name, values) in enumerate(series.items()):
+        ax.bar(
+            [i + index * width for i in range(len(labels))],
+            values,
+            width,
+            label=name,
+            color=PALETTE[index],
+        )
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(labels))], labels=labels)
+    ax.set_ylabel(unit)
+    ax.legend(frameon=False)
+    ax.set_title(title, loc="left")
+    return _svg(fig, title, alt)
+
+
+def trend(title: str, weeks: list[str], values: list[float | None], unit: str, alt: str) -> Chart:
+    fig, ax = plt.subplots(figsize=(6.0, 2.4))
+    xs = [i for i, v in enumerate(values) if v is not None]
+    ax.plot(xs, [values[i] for i in xs], marker="o", color=PALETTE[3])
+    ax.set_xticks(range(len(weeks)), labels=weeks, rotation=0)
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, loc="left")
+    return _svg(fig, title, alt)
+
+
+def forgetting(title: str, points: list[dict], alt: str) -> Chart:
+    """Change in general ability (y) against the gain on the target task (x), per run."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.2))
+    methods = sorted({p["method"] for p in points})
+    for index, method in enumerate(methods):
+        mine = [p for p in points if p["method"] == method]
+        ax.scatter(
+            [p["target_gain"] for p in mine],
+            [p["general_change"] for p in mine],
+            label=method,
+            marker=METHOD_MARKERS.get(method, "D"),
+            color=PALETTE[index],
+            s=36,
+        )
+    ax.axhline(0, color="#999999", linewidth=0.8)
+    ax.set_xlabel("gain on the target task (vs base model)")
+    ax.set_ylabel("change in general ability")
+    ax.legend(frameon=False, title="method")
+    ax.set_title(title, loc="left")
+    return _svg(fig, title, alt)

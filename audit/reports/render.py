@@ -1,0 +1,173 @@
+"""Rendering reports: one self-contained HTML file, Markdown, or JSON, from report data."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import datetime
+from importlib import resources
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from audit.reports import charts
+from audit.reports.weekly import FAMILY_LABELS, to_json
+
+HTML_FINDINGS = 200  # beyond this the HTML collapses to counts; the JSON has every finding
+
+
+def _environment(html: bool = True) -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(str(resources.files("audit.templates"))),
+        autoescape=select_autoescape(["html", "j2"], default_for_string=True, default=True)
+        if html
+        else False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["md"] = _markdown_text
+    env.filters["money"] = lambda v: "—" if v is None else f"${v:,.2f}"
+    env.filters["num"] = lambda v, d=1: "—" if v is None else f"{v:,.{d}f}"
+    env.filters["gb"] = lambda b: f"{(b or 0) / 1e9:,.1f} GB"
+    env.filters["when"] = lambda v: (
+        v.strftime("%Y-%m-%d %H:%M") if isinstance(v, datetime) else (v or "")
+    )
+    env.filters["pretty"] = lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False)
+    env.filters["subject"] = _subject
+    env.filters["delta"] = _delta
+    return env
+
+
+def _markdown_text(value) -> str:
+    """User text inside Markdown: no control characters, tables or raw HTML."""
+    from audit.cli.output import safe
+
+    text = safe(value).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+
+
+def _subject(subject: dict) -> str:
+    for key in ("run_name", "job_id", "host", "dataset_digest", "run_dir"):
+        if subject.get(key):
+            return str(subject[key])
+    return json.dumps(subject, default=str)
+
+
+def _delta(current, previous) -> str:
+    if current is None or previous is None:
+        return ""
+    if previous == 0:
+        return "new" if current else "±0"
+    change = 100 * (current - previous) / previous
+    return f"{change:+.0f} % vs previous week"
+
+
+def build_charts(report: dict) -> list[charts.Chart]:
+    summary = report["summary"]
+    families = summary["families"]
+    out = [
+        charts.bar(
+            "Waste by family ($)",
+            [f"{f['family']} {f['label']}" for f in families],
+            [f["usd"] for f in families],
+            "USD",
+            "Bar chart of wasted dollars per waste family: "
+            + ", ".join(f"{f['family']} ${f['usd']:,.0f}" for f in families),
+        )
+    ]
+    teams = {k: v for k, v in summary["by_team"].items() if v["waste_usd"] or v["usd"]}
+    if teams:
+        out.append(
+            charts.grouped(
+                "Spend and waste by team ($)",
+                list(teams),
+                {
+                    "spent": [v["usd"] for v in teams.values()],
+                    "wasted": [v["waste_usd"] for v in teams.values()],
+                },
+                "USD",
+                "Grouped bars of spend and waste per team: "
+                + ", ".join(
+                    f"{t} spent ${v['usd']:,.0f}, wasted ${v['waste_usd']:,.0f}"
+                    for t, v in teams.items()
+                ),
+            )
+        )
+    methods = {m["method"]: m for m in report["methods"]["by_method"] if m["usd"] or m["waste_usd"]}
+    if methods:
+        out.append(
+            charts.grouped(
+                "Spend and waste by training method ($)",
+                list(methods),
+                {
+                    "spent": [m["usd"] for m in methods.values()],
+                    "wasted": [m["waste_usd"] for m in methods.values()],
+                },
+                "USD",
+                "Grouped bars of spend and waste per training method: "
+                + ", ".join(
+                    f"{k} spent ${m['usd']:,.0f}, wasted ${m['waste_usd']:,.0f}"
+                    for k, m in methods.items()
+                ),
+            )
+        )
+    points = report["methods"]["points"]
+    if points:
+        out.append(
+            charts.forgetting(
+                "General ability vs target gain, per run",
+                points,
+                "Scatter of each training run's change in general benchmarks (vertical) against its gain on the "
+                "target task (horizontal), by method: "
+                + "; ".join(
+                    f"{p['run_name']} ({p['method']}): target {p['target_gain']:+.3f}, general {p['general_change']:+.3f}"
+                    for p in points
+                ),
+            )
+        )
+    if report.get("trend"):
+        trend = report["trend"]
+        out.append(
+            charts.trend(
+                "Waste over the last 8 weeks ($)",
+                [t["week"][5:] for t in trend],
+                [t["usd"] for t in trend],
+                "USD",
+                "Line chart of weekly waste in dollars: "
+                + ", ".join(f"{t['week']} ${t['usd']:,.0f}" for t in trend),
+            )
+        )
+    return out
+
+
+def _script() -> tuple[str, str]:
+    """The progressive-enhancement script and its CSP hash: no other script may run."""
+    source = resources.files("audit.templates").joinpath("report.js").read_text(encoding="utf-8")
+    digest = base64.b64encode(hashlib.sha256(source.encode()).digest()).decode()
+    return source, f"sha256-{digest}"
+
+
+def render_html(report: dict) -> str:
+    template = _environment().get_template("report.html.j2")
+    script, script_hash = _script()
+    active = [f for f in report["findings"] if not f["suppressed"]]
+    return template.render(
+        report=report,
+        charts=build_charts(report),
+        findings=active[:HTML_FINDINGS],
+        hidden=max(0, len(active) - HTML_FINDINGS),
+        suppressed=[f for f in report["findings"] if f["suppressed"]],
+        families=FAMILY_LABELS,
+        script=script,
+        script_hash=script_hash,
+    )
+
+
+def render_markdown(report: dict, top: int = 10) -> str:
+    template = _environment(html=False).get_template("report.md.j2")
+    active = [f for f in report["findings"] if not f["suppressed"]]
+    return template.render(report=report, findings=active[:top], total=len(active))
+
+
+def render_json(report: dict) -> str:
+    return to_json(report)

@@ -1,0 +1,373 @@
+"""Weekly and scan reports: golden files, a real browser, hostile strings, charts, size."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+GOLDEN = Path(__file__).parent / "golden"
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO / "test-artifacts"
+PINNED = {"AUDIT_NOW": "2026-11-30T08:00:00"}
+
+
+def normalise(text: str, demo: dict) -> str:
+    """Machine-specific paths and matplotlib's drawing replaced by stable placeholders."""
+    text = text.replace(str(demo["scratch"]), "<scratch>").replace(
+        str(REPO / "sample_logs"), "<sample_logs>"
+    )
+    text = re.sub(r"<svg.*?</svg>", "<svg/>", text, flags=re.S)
+    text = re.sub(r"last import \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "last import <time>", text)
+    return text
+
+
+def check_golden(name: str, text: str, regenerate: bool) -> None:
+    path = GOLDEN / name
+    if regenerate or not path.exists():
+        path.write_text(text, encoding="utf-8")
+        if not regenerate:
+            pytest.fail(
+                f"golden file {path} was missing and has been written; review it and run again"
+            )
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{name} differs from the golden file (pytest --regenerate-golden)"
+    )
+
+
+def weekly(run_cli, demo, *args):
+    return run_cli(
+        "--db",
+        str(demo["db"]),
+        "--config",
+        str(demo["config"]),
+        "report",
+        "weekly",
+        "--week",
+        "2026-W47",
+        *args,
+        env=PINNED,
+    )
+
+
+def test_weekly_markdown_golden(run_cli, fresh_demo_db, regenerate_golden):
+    code, out, err = weekly(run_cli, fresh_demo_db, "--format", "md")
+    assert code == 0, err
+    check_golden("weekly-2026-W47.md", normalise(out, fresh_demo_db), regenerate_golden)
+
+
+def test_weekly_html_golden(run_cli, fresh_demo_db, regenerate_golden, tmp_path):
+    target = tmp_path / "weekly.html"
+    code, out, err = weekly(run_cli, fresh_demo_db, "--output", str(target))
+    assert code == 0, err
+    assert out.startswith(f"wrote {target} (")
+    check_golden(
+        "weekly-2026-W47.html", normalise(target.read_text(), fresh_demo_db), regenerate_golden
+    )
+
+
+def test_weekly_json(run_cli, fresh_demo_db):
+    _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
+    doc = json.loads(out)
+    assert doc["headline"] == {
+        "gpu_hours": 553.7,
+        "usd_spent": 1615.84,
+        "usd_wasted": 810.0,
+        "waste_share": 50.1,
+        "gpu_hours_wasted": 267.8,
+        "reclaimable_gb": 291.5,
+        "findings": 16,
+    }
+    assert [t["week"] for t in doc["trend"]] == [f"2026-W{w}" for w in range(40, 48)]
+    assert (
+        doc["trend"][-1]["usd"] == 810.0 and doc["trend"][0]["findings"] == 7
+    )  # checkpoints stay on disk every week
+    assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP001", "CKP002", "CKP003"}
+    assert len(doc["changes"]["new"]) == 9
+    by_method = {m["method"]: m for m in doc["methods"]["by_method"]}
+    assert by_method["sft"]["mean_general_change"] < by_method["rl"]["mean_general_change"]
+    assert (
+        by_method["rl"]["mean_general_change"] >= -0.002
+        and by_method["opd"]["mean_general_change"] >= -0.002
+    )
+    assert [c["category"] for c in doc["categories"]] == [
+        "compute",
+        "storage",
+        "evaluation runs",
+        "rework",
+    ]
+    assert doc["categories"][3]["usd"] == pytest.approx(144.8 + 180.4, abs=0.01)
+    # same finding schema as `audit scan --format json`
+    assert set(doc["findings"][0]) >= {
+        "id",
+        "rule",
+        "name",
+        "severity",
+        "subject",
+        "message",
+        "evidence",
+        "waste",
+        "recommendation",
+    }
+
+
+def test_default_week_is_the_last_complete_one(run_cli, fresh_demo_db):
+    code, out, _ = run_cli(
+        "--db",
+        str(fresh_demo_db["db"]),
+        "report",
+        "weekly",
+        "--format",
+        "json",
+        env={"AUDIT_NOW": "2026-11-25T10:00:00"},
+    )
+    assert code == 0 and json.loads(out)["window"]["label"] == "2026-W47"
+    code, _, err = run_cli(
+        "--db", str(fresh_demo_db["db"]), "report", "weekly", "--week", "2026-W60"
+    )
+    assert code == 2 and "not an ISO week" in err
+
+
+def test_every_chart_has_a_title_and_alt_text(run_cli, fresh_demo_db, tmp_path):
+    target = tmp_path / "weekly.html"
+    weekly(run_cli, fresh_demo_db, "--output", str(target))
+    html = target.read_text()
+    svgs = re.findall(r"<svg[^>]*>.*?</svg>", html, flags=re.S)
+    assert len(svgs) == 5
+    for svg in svgs:
+        assert re.search(r'role="img"', svg) and re.search(r'aria-label="[^"]{20,}"', svg)
+        assert re.search(r"<title>[^<]+</title>", svg)
+    assert html.count("<figcaption>") == 5
+    assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
+
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(2)>",
+    '"><svg onload=alert(3)>',
+    "javascript:alert(4)",
+    "</textarea><script>alert(5)</script>",
+    "\x1b[31mred\x1b[0m",
+]
+
+
+@pytest.fixture
+def hostile_db(tmp_path, run_cli):
+    """A warehouse whose run names, params, tags and datasets are XSS payloads."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Dataset, DatasetInput, InputTag, Param
+
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=store.as_uri())
+    exp = client.create_experiment("<b>exp</b>")
+    for i, payload in enumerate(HOSTILE):
+        for copy in range(2):  # identical twins: DUP001 puts the payload into a finding
+            run = client.create_run(
+                exp,
+                start_time=1_794_787_200_000 + i * 10_000_000 + copy * 4_000_000,
+                run_name=payload,
+                tags={"team": payload, "method": "sft"},
+            )
+            client.log_batch(
+                run.info.run_id,
+                params=[
+                    Param("learning_rate", "1e-5"),
+                    Param("num_gpus", "1"),
+                    Param("note", payload),
+                ],
+            )
+            client.log_inputs(
+                run.info.run_id,
+                [
+                    DatasetInput(
+                        Dataset(name=payload, digest=f"d{i}", source_type="local", source=payload),
+                        [InputTag("mlflow.data.context", "train")],
+                    )
+                ],
+            )
+            client.set_terminated(
+                run.info.run_id,
+                "FINISHED",
+                end_time=1_794_787_200_000 + i * 10_000_000 + copy * 4_000_000 + 3_600_000,
+            )
+    db = tmp_path / "w.duckdb"
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    return db
+
+
+def test_hostile_strings_are_text_in_markdown_and_terminal(run_cli, hostile_db):
+    code, out, _ = run_cli(
+        "--db",
+        str(hostile_db),
+        "report",
+        "weekly",
+        "--week",
+        "2026-W47",
+        "--format",
+        "md",
+        env=PINNED,
+    )
+    assert code == 0
+    assert "<script>" not in out and "<img" not in out and "\x1b" not in out
+    code, out, _ = run_cli("--db", str(hostile_db), "scan")
+    assert "\x1b" not in out and "\\x1b[31mred" in out
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian chromium not installed (apt-get install chromium)"
+)
+def test_report_in_a_real_browser(run_cli, fresh_demo_db, hostile_db, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    pages = {}
+    for name, db, config in (
+        ("weekly", fresh_demo_db["db"], fresh_demo_db["config"]),
+        ("hostile", hostile_db, None),
+    ):
+        target = tmp_path / f"{name}.html"
+        args = ["--db", str(db)] + (["--config", str(config)] if config else [])
+        code, _, err = run_cli(
+            *args, "report", "weekly", "--week", "2026-W47", "--output", str(target), env=PINNED
+        )
+        assert code == 0, err
+        pages[name] = target
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+                "--disable-sync",
+            ],
+        )
+        try:
+            for name, target in pages.items():
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                errors, requests, dialogs = [], [], []
+                page.on(
+                    "console",
+                    lambda m, errors=errors: errors.append(m.text) if m.type == "error" else None,
+                )
+                page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+                page.on("request", lambda r, requests=requests: requests.append(r.url))
+                page.on(
+                    "dialog", lambda d, dialogs=dialogs: (dialogs.append(d.message), d.dismiss())
+                )
+                page.goto(target.as_uri())
+                page.wait_for_load_state("load")
+                assert errors == [], errors
+                assert requests == [target.as_uri()]
+                assert dialogs == []
+                assert page.evaluate("document.documentElement.classList.contains('js')")
+                page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+                if name == "weekly":
+
+                    def column(index, page=page):
+                        return page.eval_on_selector_all(
+                            f"#findings tbody tr td:nth-child({index})",
+                            "cells => cells.map(c => c.dataset.sort)",
+                        )
+
+                    page.click("#findings th:nth-child(5) button")
+                    ascending = [float(v) for v in column(5)]
+                    assert ascending == sorted(ascending)
+                    page.click("#findings th:nth-child(5) button")
+                    descending = [float(v) for v in column(5)]
+                    assert descending == sorted(descending, reverse=True)
+                    page.select_option("#severity", "critical")
+                    visible = page.eval_on_selector_all(
+                        "#findings tbody tr", "rows => rows.filter(r => !r.hidden).length"
+                    )
+                    assert visible == 1
+                else:
+                    body = page.inner_text("body")
+                    assert "<script>alert(1)</script>" in body  # shown as text
+                    assert (
+                        page.evaluate("document.querySelectorAll('img, svg[onload]').length") == 0
+                    )
+                page.close()
+        finally:
+            browser.close()
+    shutil.copy(pages["weekly"], ARTIFACTS / "weekly.html")
+
+
+def test_ten_thousand_findings_stay_small():
+    from datetime import datetime
+
+    from audit.reports.render import render_html
+
+    finding = {
+        "id": "x",
+        "rule": "OVP001",
+        "name": "idle-allocated-gpus",
+        "severity": "high",
+        "subject": {"job_id": "1"},
+        "message": "m" * 120,
+        "evidence": {"formula": "f" * 200, "per_gpu": list(range(8))},
+        "waste": {"gpu_hours": 1.0, "usd": 3.0, "bytes": 0},
+        "recommendation": "r" * 80,
+        "suppressed": False,
+    }
+    families = [
+        {"family": k, "label": k, "findings": 1, "gpu_hours": 1.0, "usd": 1.0, "bytes": 0}
+        for k in ("DUP", "OVP")
+    ]
+    report = {
+        "kind": "scan",
+        "title": "t",
+        "window": {"label": "w", "since": None, "until": None, "timezone": "UTC"},
+        "generated_at": datetime(2026, 11, 30),
+        "scan_id": 1,
+        "links": {},
+        "rules": [],
+        "summary": {"families": families, "by_team": {}, "findings": 10_000},
+        "findings": [{**finding, "id": str(i)} for i in range(10_000)],
+        "headline": {
+            "gpu_hours": 1,
+            "usd_spent": 1,
+            "usd_wasted": 1,
+            "waste_share": 1,
+            "gpu_hours_wasted": 1,
+            "reclaimable_gb": 0,
+            "findings": 10_000,
+        },
+        "methods": {"by_method": [], "points": []},
+        "categories": [],
+        "coverage": {
+            "sources": [],
+            "runs": 0,
+            "first_run": None,
+            "last_run": None,
+            "file_imports": [],
+            "cluster": {
+                k: 0
+                for k in (
+                    "jobs",
+                    "gpu_jobs",
+                    "samples",
+                    "hosts",
+                    "attached",
+                    "unattached",
+                    "ambiguous",
+                    "checkpoints",
+                    "runs_with_job",
+                    "runs",
+                    "gpu_jobs_with_telemetry",
+                    "checkpoints_with_run",
+                )
+            },
+        },
+    }
+    html = render_html(report)
+    assert len(html.encode()) < 2_000_000
+    assert "9800 more findings are not shown here" in html
