@@ -9,4 +9,8 @@ def __getattr__(name: str):
         from audit.query.registry import Registry
 
         return Registry
+    if name == "gate":
+        from audit.actions.gate import gate
+
+        return gate
     raise AttributeError(name)

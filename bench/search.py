@@ -16,7 +16,7 @@ from pathlib import Path
 
 FILTERS = [
     "params.method = 'sft' and params.base_model = 'qwen2.5-7b' and params.lora_rank = '64' and params.seed = '3'",
-    "metrics.`eval/target/pass_at_1` > 0.4995",
+    "metrics.`eval/general/gsm8k` > 0.795 and params.method = 'rl'",
     "tags.team = 'coder' and params.dataset = 'coder-data-v2' and params.max_steps = '4000'",
     "params.dataset = 'safety-data-v3' and metrics.`eval/general/mmlu` < 0.55",
     "attributes.status = 'FAILED' and params.method = 'opd' and params.lr_scheduler_type = 'linear'",
@@ -39,7 +39,7 @@ def run(store: Path, db: Path, reps: int, mlflow_reps: int) -> list[dict]:
 
     from audit import Registry
 
-    registry = Registry(db)
+    registry = Registry(db)  # one kept connection, as an application would use it
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
     mlflow.set_tracking_uri(f"sqlite:///{store}")

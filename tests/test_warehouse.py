@@ -36,6 +36,7 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "scans",
             "findings",
             "rule_results",
+            "prune_log",
         }
 
 

@@ -110,4 +110,4 @@ def main() -> None:
 
 
 # Command modules attach themselves to ``cli``; imported last because they import it.
-from audit.cli import ingest, report, runs, scan, status  # noqa: E402, F401
+from audit.cli import actions, ingest, report, runs, scan, status  # noqa: E402, F401

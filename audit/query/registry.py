@@ -86,9 +86,24 @@ class Registry:
     def __init__(self, db: str | Path = "audit.duckdb", config: Config | None = None):
         self.db = Path(db)
         self.config = config or load_config(None)
+        self._warehouse = None
 
     def _open(self):
-        return open_warehouse(self.db, read_only=True)
+        """The read-only connection, opened on first use and kept for later calls."""
+        if self._warehouse is None:
+            self._warehouse = open_warehouse(self.db, read_only=True)
+        return _Borrowed(self._warehouse)
+
+    def close(self) -> None:
+        if self._warehouse is not None:
+            self._warehouse.close()
+            self._warehouse = None
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- search ------------------------------------------------------------------------------
     def search(
@@ -343,12 +358,17 @@ class Registry:
         """Read-only SQL over the documented views; writes and file access are refused."""
         if not query.strip():
             raise InputError("empty SQL query")
-        wh = self._open()
+        # A connection of its own: file access stays disabled on it for good.
+        wh = open_warehouse(self.db, read_only=True)
         try:
             con = wh.con
             _create_views(con)
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
+            # Settings belong to the database instance, which other connections of this
+            # process may share: lock it down once, and refuse to run if that failed.
+            if con.execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]:
+                con.execute("SET enable_external_access = false")
+            if not con.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0]:
+                con.execute("SET lock_configuration = true")
             try:
                 statements = con.extract_statements(query)
             except duckdb.Error as exc:
@@ -386,6 +406,19 @@ class Registry:
                     f"COPY (SELECT * FROM {table}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY ({partition}))"
                 )
         return counts
+
+
+class _Borrowed:
+    """Lends the kept connection to a ``with`` block without closing it afterwards."""
+
+    def __init__(self, warehouse):
+        self.warehouse = warehouse
+
+    def __enter__(self):
+        return self.warehouse
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _sql_path(path: Path) -> str:

@@ -235,4 +235,18 @@ CREATE TABLE rule_results (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3]
+
+V4 = """
+CREATE TABLE prune_log (
+    applied_at TIMESTAMP NOT NULL,
+    plan VARCHAR NOT NULL,               -- the plan file applied
+    path VARCHAR NOT NULL,
+    rule VARCHAR,
+    run_id VARCHAR,
+    bytes BIGINT,                        -- freed (0 when skipped)
+    status VARCHAR NOT NULL,             -- deleted | skipped
+    reason VARCHAR                       -- why it was skipped
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4]

@@ -85,6 +85,13 @@ def open_warehouse(path: str | Path, read_only: bool = False) -> Warehouse:
         raise WarehouseError(f"cannot create warehouse {path}: folder {path.parent} does not exist")
     con = _connect_waiting_for_lock(path, read_only)
     try:
+        if read_only and 0 <= _current_version(con) < SCHEMA_VERSION:
+            # An older warehouse is upgraded once by a short writable open, then read.
+            con.close()
+            con = _connect_waiting_for_lock(path, False)
+            _check_and_migrate(con, path, False)
+            con.close()
+            con = _connect_waiting_for_lock(path, True)
         _check_and_migrate(con, path, read_only)
     except BaseException:
         con.close()
@@ -147,11 +154,6 @@ def _check_and_migrate(con: duckdb.DuckDBPyConnection, path: Path, read_only: bo
         )
     if version == SCHEMA_VERSION:
         return
-    if read_only:
-        raise WarehouseError(
-            f"warehouse {path} has schema version {version} and needs an upgrade to "
-            f"{SCHEMA_VERSION}; run any `audit ingest` command once to upgrade it"
-        )
     con.execute("BEGIN TRANSACTION")
     try:
         if version == 0:

@@ -168,42 +168,69 @@ class RestReader:
                 "run_view_type": "ALL",
             }
             for run in self._paged("POST", "runs/search", payload, "runs"):
-                info, data = run.get("info", {}), run.get("data", {})
-                run_id = info.get("run_id") or info.get("run_uuid")
-                self._search_results[run_id] = run
-                tags = {t["key"]: t.get("value") for t in data.get("tags", [])}
-                signature = stable_hash(
-                    info.get("status"),
-                    info.get("end_time"),
-                    info.get("lifecycle_stage"),
-                    info.get("run_name"),
-                    sorted(tags.items()),
-                    sorted((p["key"], p.get("value")) for p in data.get("params", [])),
-                    sorted(
-                        (m["key"], str(m.get("value")), m.get("timestamp"), m.get("step"))
-                        for m in data.get("metrics", [])
-                    ),
-                    _dataset_rows(run_id, run),
-                )
-                rows.append(
-                    (
-                        run_id,
-                        str(info.get("experiment_id")),
-                        info.get("run_name") or tags.get(RUN_NAME_TAG),
-                        info.get("user_id"),
-                        info.get("status"),
-                        to_int(info.get("start_time")),
-                        to_int(info.get("end_time")),
-                        info.get("lifecycle_stage"),
-                        None,
-                        info.get("artifact_uri"),
-                        tags.get("mlflow.source.name"),
-                        tags.get("mlflow.source.type"),
-                        tags.get(GIT_COMMIT_TAG),
-                        signature,
-                    )
-                )
+                rows.append(self._run_row(run))
         return frame(rows, RUN_SCHEMA)
+
+    def _run_row(self, run: dict) -> tuple:
+        """One run of runs/search or runs/get as a RUN_SCHEMA row; keeps it for details()."""
+        info, data = run.get("info", {}), run.get("data", {})
+        run_id = info.get("run_id") or info.get("run_uuid")
+        self._search_results[run_id] = run
+        tags = {t["key"]: t.get("value") for t in data.get("tags", [])}
+        signature = stable_hash(
+            info.get("status"),
+            info.get("end_time"),
+            info.get("lifecycle_stage"),
+            info.get("run_name"),
+            sorted(tags.items()),
+            sorted((p["key"], p.get("value")) for p in data.get("params", [])),
+            sorted(
+                (m["key"], str(m.get("value")), m.get("timestamp"), m.get("step"))
+                for m in data.get("metrics", [])
+            ),
+            _dataset_rows(run_id, run),
+        )
+        return (
+            run_id,
+            str(info.get("experiment_id")),
+            info.get("run_name") or tags.get(RUN_NAME_TAG),
+            info.get("user_id"),
+            info.get("status"),
+            to_int(info.get("start_time")),
+            to_int(info.get("end_time")),
+            info.get("lifecycle_stage"),
+            None,
+            info.get("artifact_uri"),
+            tags.get("mlflow.source.name"),
+            tags.get("mlflow.source.type"),
+            tags.get(GIT_COMMIT_TAG),
+            signature,
+        )
+
+    def fetch_run(self, run_id: str) -> pl.DataFrame:
+        """One run through runs/get (a RUNNING run included), ready for details()."""
+        run = self.call("GET", "runs/get", {"run_id": run_id}).get("run")
+        if not run:
+            raise InputError(f"{self.location}: no run {run_id}")
+        return frame([self._run_row(run)], RUN_SCHEMA)
+
+    def experiment(self, experiment_id: str) -> pl.DataFrame:
+        e = self.call("GET", "experiments/get", {"experiment_id": experiment_id}).get(
+            "experiment", {}
+        )
+        return frame(
+            [
+                (
+                    str(e.get("experiment_id", experiment_id)),
+                    e.get("name"),
+                    e.get("artifact_location"),
+                    e.get("lifecycle_stage"),
+                    to_int(e.get("creation_time")),
+                    to_int(e.get("last_update_time")),
+                )
+            ],
+            EXPERIMENT_SCHEMA,
+        )
 
     def details(self, run_ids: list[str]) -> Iterator[DetailBatch]:
         with ThreadPoolExecutor(HISTORY_WORKERS) as pool:

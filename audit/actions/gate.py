@@ -1,0 +1,165 @@
+"""``audit gate``: stop training when general ability regresses past a tolerance.
+
+    import audit
+    result = audit.gate("3f2a...", db="audit.duckdb", refresh=True)
+    if not result.passed: trainer.should_stop = True
+
+Compares the run's latest general-capability metrics (``[metrics] general``) with its
+baseline: an explicit run, or the run tagged ``audit.baseline=true`` with the same base
+model. Exit codes: 0 pass, 1 regressed beyond the tolerance, 2 cannot judge (and why).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from audit.config import Config, load_config
+from audit.errors import AuditError, InputError
+from audit.warehouse import open_warehouse
+
+DEFAULT_TOLERANCE = 0.02
+
+
+class CannotJudge(AuditError):
+    """No baseline or no general metric: the gate cannot say pass or fail (exit 2)."""
+
+
+@dataclass
+class GateResult:
+    run_id: str
+    baseline_id: str
+    tolerance: float
+    rows: list[dict] = field(default_factory=list)  # metric, baseline, current, change, allowed, ok
+
+    @property
+    def passed(self) -> bool:
+        return all(r["ok"] for r in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    @property
+    def worst(self) -> dict:
+        return min(self.rows, key=lambda r: r["change"])
+
+
+def gate(
+    run_id: str,
+    db: str | Path = "audit.duckdb",
+    baseline: str | None = None,
+    tolerance: float | None = None,
+    metrics: list[str] | None = None,
+    refresh: bool = False,
+    tracking_uri: str | None = None,
+    config: Config | None = None,
+) -> GateResult:
+    config = config or load_config(None)
+    if tolerance is None:
+        tolerance = config.values["rules"].get("REG002", {}).get("tolerance", DEFAULT_TOLERANCE)
+    if tolerance < 0:
+        raise InputError(f"--tolerance must be ≥ 0, got {tolerance}")
+    globs = metrics or list(config.values["metrics"]["general"])
+    if refresh:
+        from audit.importers.mlflow.single import refresh_run
+
+        with open_warehouse(db) as wh:
+            refresh_run(wh, run_id, config, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+    with open_warehouse(db, read_only=True) as wh:
+        if not wh.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]):
+            raise CannotJudge(
+                f"run {run_id} is not in the warehouse; import it first or pass --refresh"
+            )
+        baseline_id = baseline or _baseline_for(wh, run_id, config)
+        if baseline_id == run_id:
+            raise CannotJudge(f"run {run_id} is its own baseline")
+        current = _general(wh, run_id, globs)
+        reference = _general(wh, baseline_id, globs)
+    if not current:
+        raise CannotJudge(f"run {run_id} has logged no metric matching {', '.join(globs)} yet")
+    if not reference:
+        raise CannotJudge(f"baseline run {baseline_id} has no metric matching {', '.join(globs)}")
+    shared = sorted(set(current) & set(reference))
+    if not shared:
+        raise CannotJudge(
+            f"run {run_id} and baseline {baseline_id} share no general metric "
+            f"(run: {', '.join(sorted(current))}; baseline: {', '.join(sorted(reference))})"
+        )
+    rows = []
+    for key in shared:
+        change = current[key] - reference[key]
+        rows.append(
+            {
+                "metric": key,
+                "baseline": reference[key],
+                "current": current[key],
+                "change": change,
+                "allowed": -tolerance,
+                "ok": change >= -tolerance - 1e-12,
+            }
+        )
+    return GateResult(run_id=run_id, baseline_id=baseline_id, tolerance=tolerance, rows=rows)
+
+
+def _baseline_for(wh, run_id: str, config: Config) -> str:
+    attribution = config.values["attribution"]
+    keys = attribution["base_model_keys"]
+    base = wh.con.execute(
+        "SELECT value FROM params WHERE run_id = ? AND list_contains(?, key) ORDER BY list_position(?, key) LIMIT 1",
+        [run_id, keys, keys],
+    ).fetchall()
+    if not base:
+        raise CannotJudge(
+            f"run {run_id} has no {' / '.join(keys)} param to find its baseline; pass --baseline RUN_ID"
+        )
+    rows = wh.con.execute(
+        """
+        SELECT r.run_id FROM runs r
+        JOIN tags t ON t.source_id = r.source_id AND t.run_id = r.run_id AND t.key = ? AND lower(t.value) = 'true'
+        JOIN params p ON p.source_id = r.source_id AND p.run_id = r.run_id AND list_contains(?, p.key) AND p.value = ?
+        WHERE r.lifecycle_stage = 'active' ORDER BY r.start_time LIMIT 1
+        """,
+        [attribution["baseline_tag"], keys, base[0][0]],
+    ).fetchall()
+    if not rows:
+        raise CannotJudge(
+            f"no baseline for base model {base[0][0]!r}: tag its evaluation run {attribution['baseline_tag']}=true "
+            "or pass --baseline RUN_ID"
+        )
+    return rows[0][0]
+
+
+def _general(wh, run_id: str, globs: list[str]) -> dict[str, float]:
+    rows = wh.con.execute(
+        "SELECT key, value FROM latest_metrics WHERE run_id = ?", [run_id]
+    ).fetchall()
+    return {k: v for k, v in rows if any(fnmatchcase(k, g) for g in globs) and not math.isnan(v)}
+
+
+def tag_verdict(
+    result: GateResult, db: str | Path, tracking_uri: str | None, config: Config
+) -> None:
+    """Write the verdict to the MLflow run (audit.gate=pass|fail and the numbers)."""
+    from audit.importers.mlflow.single import tracking_reader
+
+    with open_warehouse(db, read_only=True) as wh:
+        reader = tracking_reader(wh, result.run_id, config, tracking_uri)
+    worst = result.worst
+    tags = {
+        "audit.gate": "pass" if result.passed else "fail",
+        "audit.gate.baseline": result.baseline_id,
+        "audit.gate.tolerance": f"{result.tolerance:g}",
+        "audit.gate.worst_metric": worst["metric"],
+        "audit.gate.worst_change": f"{worst['change']:+.4f}",
+    }
+    try:
+        for key, value in tags.items():
+            reader.call(
+                "POST", "runs/set-tag", {"run_id": result.run_id, "key": key, "value": value}
+            )
+    finally:
+        reader.close()

@@ -1,0 +1,170 @@
+"""``audit gate`` and ``audit prune``: acting on findings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from audit.cli import AppContext, cli, pass_app
+from audit.cli.output import table
+
+
+@cli.command("gate")
+@click.argument("run_id")
+@click.option(
+    "--baseline",
+    metavar="RUN_ID",
+    help="Compare with this run (default: the audit.baseline=true run of the same base model).",
+)
+@click.option(
+    "--tolerance",
+    type=float,
+    help="Allowed absolute drop per metric (default: [rules.REG002] tolerance, else 0.02).",
+)
+@click.option(
+    "--metrics",
+    "globs",
+    multiple=True,
+    metavar="GLOB",
+    help="General-ability metric globs (default: [metrics] general).",
+)
+@click.option(
+    "--refresh",
+    is_flag=True,
+    help="Import the run's latest state from its MLflow source first (works on a RUNNING run).",
+)
+@click.option(
+    "--tracking-uri",
+    envvar="MLFLOW_TRACKING_URI",
+    help="Where to fetch a run not imported yet. Env: MLFLOW_TRACKING_URI.",
+)
+@click.option(
+    "--tag",
+    is_flag=True,
+    help="Write the verdict to the MLflow run as tags (audit.gate=pass|fail and the numbers).",
+)
+@pass_app
+def gate_command(
+    app: AppContext, run_id, baseline, tolerance, globs, refresh, tracking_uri, tag
+) -> None:
+    """Fail when a run's general ability regressed past the tolerance (exit 1); 2 if it cannot tell.
+
+    Meant for training loops: call it every N steps with --refresh and stop on exit 1.
+
+    \b
+    Example:
+      audit gate 3f2a9c... --refresh --tracking-uri http://127.0.0.1:5000 || touch STOP_TRAINING
+      audit gate 3f2a9c... --baseline 77e1b0... --tolerance 0.01 --metrics 'eval/general/mmlu*'
+    """
+    from audit.actions.gate import CannotJudge, gate, tag_verdict
+
+    try:
+        result = gate(
+            run_id,
+            app.db_path,
+            baseline,
+            tolerance,
+            list(globs) or None,
+            refresh,
+            tracking_uri,
+            app.config,
+        )
+    except CannotJudge as exc:
+        click.echo(f"cannot judge: {exc}", err=True)
+        raise SystemExit(2) from None
+    click.echo(
+        table(
+            ["metric", "baseline", "current", "change", "allowed", "verdict"],
+            [
+                [
+                    r["metric"],
+                    f"{r['baseline']:.4f}",
+                    f"{r['current']:.4f}",
+                    f"{r['change']:+.4f}",
+                    f"{r['allowed']:+.4f}",
+                    "ok" if r["ok"] else "REGRESSED",
+                ]
+                for r in result.rows
+            ],
+            right={1, 2, 3, 4},
+        )
+    )
+    worst = result.worst
+    verdict = "pass" if result.passed else "FAIL"
+    click.echo(
+        f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} against baseline {result.baseline_id} "
+        f"(tolerance {result.tolerance:g})"
+    )
+    if tag:
+        tag_verdict(result, app.db_path, tracking_uri, app.config)
+    raise SystemExit(result.exit_code)
+
+
+@cli.command("prune")
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the deletion plan (JSON) from the current checkpoint findings.",
+)
+@click.option(
+    "--apply",
+    "apply_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Delete what this plan lists, after re-checking each entry.",
+)
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where --apply records what it deleted and skipped (default: PLAN.manifest.jsonl).",
+)
+@pass_app
+def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
+    """Delete reclaimable checkpoints: plan first, then apply the plan (nothing else is ever deleted).
+
+    Without options it prints what a plan would contain (a dry run). Best, last and
+    registered checkpoints are never planned; symlinks are never followed; anything
+    changed since planning, or outside an ingested checkpoint root, is skipped.
+
+    \b
+    Example:
+      audit prune                      # dry run
+      audit prune --plan plan.json     # review plan.json, then
+      audit prune --apply plan.json
+    """
+    from audit.actions.prune import apply_plan, make_plan
+
+    if plan_path and apply_path:
+        raise click.UsageError("--plan and --apply are separate steps: plan, review, then apply")
+    if apply_path:
+        manifest = manifest or apply_path.with_name(apply_path.name + ".manifest.jsonl")
+        summary = apply_plan(apply_path, app.db_path, manifest)
+        for outcome in summary["outcomes"]:
+            if outcome["status"] == "skipped":
+                click.echo(f"skipped {outcome['path']}: {outcome['reason']}", err=True)
+        click.echo(
+            f"deleted {summary['deleted']} entries ({summary['freed_bytes'] / 1e9:,.1f} GB freed), "
+            f"skipped {summary['skipped']}; manifest {manifest}"
+        )
+        return
+    plan = make_plan(app.db_path, app.config)
+    for entry in plan["entries"]:
+        click.echo(
+            f"{'would delete' if not plan_path else 'planned'} {entry['path']} "
+            f"({entry['bytes'] / 1e9:,.1f} GB, {entry['rule']})"
+        )
+    for refused in plan["refused"]:
+        click.echo(f"not planned {refused['path']}: {refused['reason']}", err=True)
+    if plan_path:
+        plan_path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        click.echo(
+            f"wrote {plan_path}: {len(plan['entries'])} entries, {plan['total_bytes'] / 1e9:,.1f} GB; "
+            f"apply with audit prune --apply {plan_path}"
+        )
+    else:
+        click.echo(
+            f"dry run: {len(plan['entries'])} entries, {plan['total_bytes'] / 1e9:,.1f} GB reclaimable; "
+            "write a plan with --plan FILE"
+        )

@@ -1,0 +1,99 @@
+"""Refreshing one run from its MLflow source (``audit gate --refresh``), fast.
+
+For a tracking server: ``runs/get`` plus the run's metric histories, written in one
+transaction (a RUNNING run included). For SQL and file stores: an incremental import of
+the source, which rewrites only what changed.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from audit.config import Config
+from audit.errors import InputError
+from audit.importers.files import insert_frame, now_utc
+from audit.importers.mlflow import (
+    _metric_frame,
+    _replace_experiments,
+    _runs_frame,
+    _upsert_source,
+    import_mlflow,
+    open_reader,
+)
+from audit.importers.mlflow.base import latest_from_history, stable_hash
+from audit.importers.mlflow.normalise import normalised_params
+from audit.importers.mlflow.rest import RestReader
+from audit.warehouse import Warehouse
+
+
+def _known_source(wh: Warehouse, run_id: str) -> tuple[str, str] | None:
+    rows = wh.con.execute(
+        "SELECT s.kind, s.location FROM runs r JOIN sources s USING (source_id) WHERE r.run_id = ? LIMIT 1",
+        [run_id],
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def tracking_reader(
+    wh: Warehouse, run_id: str, config: Config, tracking_uri: str | None
+) -> RestReader:
+    """The tracking server the run lives on (credentials from the URI or environment)."""
+    known = _known_source(wh, run_id)
+    uri = tracking_uri or (known[1] if known and known[0] == "http" else None)
+    if not uri:
+        raise InputError(
+            f"run {run_id} does not come from a tracking server; pass --tracking-uri http://…"
+        )
+    reader = open_reader(uri, config)
+    if not isinstance(reader, RestReader):
+        reader.close()
+        raise InputError("writing tags back needs a tracking server (http://…), not a store path")
+    return reader
+
+
+def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | None) -> None:
+    known = _known_source(wh, run_id)
+    if known and known[0] != "http":
+        import_mlflow(wh, known[1], config=config)  # store locations are paths or URIs already
+        return
+    uri = tracking_uri or (known[1] if known else None)
+    if not uri:
+        raise InputError(f"run {run_id} is not in the warehouse; pass --tracking-uri to fetch it")
+    reader = open_reader(uri, config)
+    try:
+        if not isinstance(reader, RestReader):
+            reader.close()
+            import_mlflow(wh, uri, config=config)
+            return
+        source_id = stable_hash(reader.kind, reader.location)[:12]
+        run = reader.fetch_run(run_id)
+        experiment = reader.experiment(run["experiment_id"][0])
+        batches = list(reader.details([run_id]))
+        now = now_utc()
+        with wh.transaction() as con:
+            _upsert_source(con, source_id, reader.kind, reader.location, now)
+            _replace_experiments(con, source_id, experiment)
+            for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
+                con.execute(
+                    f"DELETE FROM {table} WHERE source_id = ? AND run_id = ?", [source_id, run_id]
+                )
+            insert_frame(con, "runs", _runs_frame(run, source_id, now))
+            for batch in batches:
+                latest = (
+                    batch.latest_metrics
+                    if batch.latest_metrics is not None
+                    else latest_from_history(batch.metrics)
+                )
+                insert_frame(
+                    con,
+                    "params",
+                    normalised_params(batch.params).with_columns(source_id=pl.lit(source_id)),
+                )
+                insert_frame(con, "tags", batch.tags.with_columns(source_id=pl.lit(source_id)))
+                insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id))
+                insert_frame(con, "latest_metrics", _metric_frame(latest, source_id))
+                insert_frame(
+                    con, "dataset_inputs", batch.datasets.with_columns(source_id=pl.lit(source_id))
+                )
+    finally:
+        reader.close()

@@ -1,0 +1,238 @@
+"""`audit gate` against a live tracking server, and `audit prune` on a real folder tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import duckdb
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+
+import audit
+from tests.helpers import mlflow_server
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A tracking server of its own: this test adds runs the shared one must not see."""
+    with mlflow_server(tmp_path / "server") as (url, backend):
+        yield {"url": url, "backend": backend}
+
+
+def test_gate_on_a_running_run(server, run_cli, tmp_path):
+    client = MlflowClient(tracking_uri=server["url"])
+    exp = client.create_experiment("gate-test")
+    base = client.create_run(exp, run_name="base-eval", tags={"audit.baseline": "true"})
+    client.log_batch(
+        base.info.run_id,
+        params=[Param("base_model", "tiny-1b")],
+        metrics=[
+            Metric("eval/general/mmlu", 0.70, _now_ms(), 0),
+            Metric("eval/general/gsm8k", 0.50, _now_ms(), 0),
+        ],
+    )
+    client.set_terminated(base.info.run_id)
+    run = client.create_run(exp, run_name="sft-live")
+    run_id = run.info.run_id
+    client.log_batch(run_id, params=[Param("base_model", "tiny-1b")])
+    db = tmp_path / "w.duckdb"
+    args = ["--db", str(db), "gate", run_id, "--refresh", "--tracking-uri", server["url"]]
+
+    code, out, err = run_cli(
+        *args
+    )  # baseline not imported yet either: refresh imports the run only
+    assert code == 2 and "cannot judge" in err
+    assert (
+        run_cli(
+            "--db",
+            str(db),
+            "ingest",
+            "mlflow",
+            "--tracking-uri",
+            server["url"],
+            "--experiment",
+            "gate-test",
+        )[0]
+        == 0
+    )
+
+    code, out, err = run_cli(*args)
+    assert code == 2 and err.startswith(
+        f"cannot judge: run {run_id} has logged no metric matching eval/general/*"
+    )
+
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric("eval/general/mmlu", 0.69, _now_ms(), 100),
+            Metric("eval/general/gsm8k", 0.495, _now_ms(), 100),
+        ],
+    )
+    started = time.perf_counter()
+    result = audit.gate(run_id, db=db, refresh=True, tracking_uri=server["url"])
+    elapsed = time.perf_counter() - started
+    assert result.passed and result.exit_code == 0
+    print(f"gate --refresh in-process: {elapsed * 1000:.0f} ms")
+    code, out, _ = run_cli(*args)
+    assert code == 0
+    assert out.splitlines()[-1].startswith("pass: worst eval/general/mmlu -0.0100 against baseline")
+
+    client.log_batch(run_id, metrics=[Metric("eval/general/mmlu", 0.66, _now_ms(), 200)])
+    code, out, _ = run_cli(*args, "--tag")
+    assert code == 1
+    assert "eval/general/mmlu     0.7000   0.6600  -0.0400  -0.0200  REGRESSED" in out
+    tags = client.get_run(run_id).data.tags
+    assert tags["audit.gate"] == "fail" and tags["audit.gate.worst_metric"] == "eval/general/mmlu"
+    assert tags["audit.gate.worst_change"] == "-0.0400"
+    assert client.get_run(run_id).info.status == "RUNNING"
+
+    assert run_cli(*args, "--tolerance", "0.05")[0] == 0
+    code, _, err = run_cli("--db", str(db), "gate", run_id, "--baseline", run_id)
+    assert code == 2 and "its own baseline" in err
+
+
+def test_gate_without_baseline(run_cli, demo_db):
+    from audit import Registry
+
+    with Registry(demo_db["db"]) as reg:
+        run_id = reg.search("attributes.run_name = 'agent-sft-llama'")["run_id"][0]
+    code, _, err = run_cli(
+        "--db",
+        str(demo_db["db"]),
+        "--config",
+        str(demo_db["config"]),
+        "gate",
+        run_id,
+        "--metrics",
+        "eval/nothing/*",
+    )
+    assert code == 2 and "no metric matching eval/nothing/*" in err
+
+
+def _checkpoint(folder, size=1000, best=None):
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * size)
+    state = {"global_step": int(folder.name.split("-")[1]), "best_model_checkpoint": best}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+
+
+@pytest.fixture
+def prune_tree(tmp_path, run_cli):
+    root = tmp_path / "scratch"
+    run_dir = root / "run-a"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.bin").write_bytes(b"p" * 500)
+    for step in (100, 200, 300, 400, 500):
+        _checkpoint(
+            run_dir / f"checkpoint-{step}", 1000 + step, best=str(run_dir / "checkpoint-200")
+        )
+    (run_dir / "checkpoint-300" / "escape.bin").symlink_to(outside / "precious.bin")
+    readonly = run_dir / "checkpoint-400" / "frozen.bin"
+    readonly.write_bytes(b"f" * 10)
+    readonly.chmod(0o444)
+    (run_dir / "checkpoint-600").symlink_to(outside, target_is_directory=True)
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=store.as_uri())
+    run = client.create_run(client.create_experiment("e"), run_name="a")
+    client.log_batch(run.info.run_id, params=[Param("output_dir", str(run_dir))])
+    client.set_terminated(run.info.run_id)
+    db = tmp_path / "w.duckdb"
+    config = tmp_path / "audit.toml"
+    config.write_text("[rules.CKP001]\nmin_reclaimable_gb = 0\n")  # kilobyte-sized test checkpoints
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    assert run_cli("--db", str(db), "ingest", "checkpoints", str(root))[0] == 0
+    return {
+        "db": db,
+        "root": root,
+        "run_dir": run_dir,
+        "outside": outside,
+        "tmp": tmp_path,
+        "config": config,
+    }
+
+
+def test_prune_plan_then_apply(prune_tree, run_cli):
+    db, run_dir = prune_tree["db"], prune_tree["run_dir"]
+    run_cli = _with_config(run_cli, prune_tree["config"])
+    plan_file = prune_tree["tmp"] / "plan.json"
+    code, out, _ = run_cli("--db", str(db), "prune")
+    assert code == 0 and out.strip().endswith(
+        "dry run: 3 entries, 0.0 GB reclaimable; write a plan with --plan FILE"
+    )
+    assert not plan_file.exists()
+    code, out, _ = run_cli("--db", str(db), "prune", "--plan", str(plan_file))
+    assert code == 0
+    plan = json.loads(plan_file.read_text())
+    assert sorted(os.path.basename(e["path"]) for e in plan["entries"]) == [
+        "checkpoint-100",
+        "checkpoint-300",
+        "checkpoint-400",
+    ]
+    # a file changes between planning and applying
+    with open(run_dir / "checkpoint-100" / "model.safetensors", "ab") as fh:
+        fh.write(b"more")
+    code, out, err = run_cli("--db", str(db), "prune", "--apply", str(plan_file))
+    assert code == 0, err
+    assert out.startswith("deleted 2 entries")
+    assert "skipped " + str(run_dir / "checkpoint-100") + ": changed since planning" in err
+    remaining = sorted(p.name for p in run_dir.iterdir())
+    assert remaining == ["checkpoint-100", "checkpoint-200", "checkpoint-500", "checkpoint-600"]
+    assert (
+        prune_tree["outside"] / "precious.bin"
+    ).read_bytes() == b"p" * 500  # the symlink target survives
+    manifest = [
+        json.loads(line)
+        for line in (plan_file.parent / "plan.json.manifest.jsonl").read_text().splitlines()
+    ]
+    assert [(os.path.basename(m["path"]), m["status"]) for m in manifest] == [
+        ("checkpoint-100", "skipped"),
+        ("checkpoint-300", "deleted"),
+        ("checkpoint-400", "deleted"),
+    ]
+    con = duckdb.connect(str(db), read_only=True)
+    freed = con.execute("SELECT sum(bytes) FROM prune_log WHERE status = 'deleted'").fetchall()[0][
+        0
+    ]
+    left = con.execute("SELECT count(*) FROM checkpoints").fetchall()[0][0]
+    con.close()
+    assert freed == sum(m["freed_bytes"] for m in manifest) > 0
+    assert left == 3
+    # applying the same plan again deletes nothing more
+    code, out, _ = run_cli("--db", str(db), "prune", "--apply", str(plan_file))
+    assert out.startswith("deleted 0 entries")
+
+
+def _with_config(run_cli, config):
+    return lambda *args, **kw: run_cli("--config", str(config), *args, **kw)
+
+
+def test_prune_refuses_entries_outside_roots(prune_tree, run_cli):
+    run_cli = _with_config(run_cli, prune_tree["config"])
+    plan_file = prune_tree["tmp"] / "plan.json"
+    run_cli("--db", str(prune_tree["db"]), "prune", "--plan", str(plan_file))
+    plan = json.loads(plan_file.read_text())
+    plan["entries"][0]["path"] = str(prune_tree["outside"])
+    plan_file.write_text(json.dumps(plan))
+    code, _, err = run_cli("--db", str(prune_tree["db"]), "prune", "--apply", str(plan_file))
+    assert code == 0
+    assert "no longer inside its checkpoint root" in err
+    assert (prune_tree["outside"] / "precious.bin").exists()
+
+
+def test_prune_usage_errors(prune_tree, run_cli):
+    db = str(prune_tree["db"])
+    assert run_cli("--db", db, "prune", "--plan", "a.json", "--apply", "b.json")[0] == 2
+    code, _, err = run_cli("--db", db, "prune", "--apply", str(prune_tree["tmp"] / "missing.json"))
+    assert code == 2 and "no such plan file" in err
+    bad = prune_tree["tmp"] / "bad.json"
+    bad.write_text('{"version": 99}')
+    code, _, err = run_cli("--db", db, "prune", "--apply", str(bad))
+    assert code == 2 and "not an audit prune plan" in err
