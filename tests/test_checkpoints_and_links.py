@@ -6,6 +6,7 @@ import json
 import os
 
 import duckdb
+import pytest
 
 from tests.helpers import REPO
 
@@ -151,3 +152,46 @@ def test_status_shows_coverage(demo_db):
     assert "  runs with a Slurm job      16 of 16 (100 %) (tag:slurm_job_id 16)" in text
     assert "  GPU jobs with telemetry    17 of 17 (100 %)" in text
     assert "  checkpoints with a run     26 of 27 (96 %)" in text
+
+
+def test_mlflow_system_metrics_become_telemetry_of_the_job(tmp_path, run_cli):
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=store.as_uri())
+    run = client.create_run(
+        client.create_experiment("e"), start_time=1_794_816_000_000, tags={"slurm_job_id": "77"}
+    )
+    t0 = 1_794_816_000_000
+    metrics = []
+    for minute in range(60):
+        ts = t0 + minute * 60_000
+        metrics += [
+            Metric("system/gpu_0_utilization_percentage", 95.0, ts, minute),
+            Metric("system/gpu_1_utilization_percentage", 0.0, ts, minute),
+            Metric("system/gpu_0_memory_usage_megabytes", 60000.0, ts, minute),
+            Metric("system/cpu_utilization_percentage", 50.0, ts, minute),
+        ]
+    client.log_batch(run.info.run_id, metrics=metrics)
+    client.set_terminated(run.info.run_id, end_time=t0 + 3_600_000)
+    sacct = tmp_path / "j.sacct"
+    sacct.write_text(
+        "JobID|User|Start|End|NodeList|AllocTRES\n77|ann|2026-11-16T07:59:00|2026-11-16T09:01:00|n5|gres/gpu=2\n"
+    )
+    db = tmp_path / "w.duckdb"
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    assert run_cli("--db", str(db), "ingest", "slurm", str(sacct))[0] == 0
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute(
+        "SELECT host, gpu, count(*), avg(util_pct), max(mem_used_mib) FROM gpu_samples WHERE origin = 'mlflow' GROUP BY ALL ORDER BY gpu"
+    ).fetchall()
+    con.close()
+    assert rows == [("n5", "0", 60, 95.0, 60000.0), ("n5", "1", 60, 0.0, None)]
+    code, out, _ = run_cli("--db", str(db), "scan", "--select", "OVP001", "--format", "json")
+    import json
+
+    (finding,) = json.loads(out)["findings"]
+    assert finding["subject"]["job_id"] == "77" and finding["waste"]["gpu_hours"] == pytest.approx(
+        1 * 62 / 60, abs=0.01
+    )

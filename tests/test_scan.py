@@ -219,3 +219,28 @@ def test_rules_list(run_cli):
     assert code == 0
     assert len(out.strip().splitlines()) == 2 + len(RULES)
     assert run_cli("rules", "explain", "NOPE999")[0] == 2
+
+
+def test_third_party_rules_load_through_entry_points(tmp_path, monkeypatch, run_cli):
+    plugin = tmp_path / "site"
+    (plugin / "acme_rules").mkdir(parents=True)
+    (plugin / "acme_rules" / "__init__.py").write_text(
+        "from audit.engine import Rule, Severity\n\n"
+        "class TooManyRuns(Rule):\n"
+        '    """Flags warehouses with more than one run (a plug-in example)."""\n\n'
+        '    code, name, severity = "DUP900", "too-many-runs", Severity.INFO\n\n'
+        "    def check(self, ctx):\n"
+        '        (n,) = ctx.rows("SELECT count(*) AS n FROM runs")[0].values()\n'
+        "        if n > 1:\n"
+        '            yield self.finding(ctx, {"runs": n}, f"{n} runs (threshold 1)", {"formula": "count"})\n'
+    )
+    info = plugin / "acme_rules-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-rules\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[audit.rules]\ntoo-many-runs = acme_rules:TooManyRuns\n"
+    )
+    monkeypatch.syspath_prepend(str(plugin))
+    assert "DUP900" in all_rules()
+    code, out, _ = run_cli("rules", "list")
+    assert "DUP900  too-many-runs" in out

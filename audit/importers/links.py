@@ -77,3 +77,38 @@ def refresh_links(con, config: Config) -> None:
         """
     )
     con.execute("DROP TABLE audit_prefixes")
+    _system_metrics_as_telemetry(con)
+
+
+def _system_metrics_as_telemetry(con) -> None:
+    """MLflow system metrics (system/gpu_N_*) of runs linked to a job become GPU samples.
+
+    They land on the job's first host with origin 'mlflow'; runs without a job are left
+    out, because a sample must belong to a host for the idle and utilisation rules.
+    """
+    con.execute("DELETE FROM gpu_samples WHERE origin = 'mlflow'")
+    con.execute(
+        r"""
+        INSERT INTO gpu_samples (host, gpu, ts, util_pct, mem_used_mib, power_w, origin)
+        WITH host_of AS (
+            SELECT l.source_id, l.run_id, min(n.host) AS host
+            FROM run_jobs l JOIN job_nodes n ON n.cluster = l.cluster AND n.job_id = l.job_id
+            GROUP BY ALL
+        ),
+        points AS (
+            SELECT m.source_id, m.run_id, m.ts, regexp_extract(m.key, '^system/gpu_(\d+)_', 1) AS gpu,
+                   regexp_extract(m.key, '^system/gpu_\d+_(.*)$', 1) AS field, m.value
+            FROM metrics m
+            WHERE starts_with(m.key, 'system/gpu_') AND NOT isnan(m.value)
+        )
+        SELECT h.host, p.gpu, p.ts,
+               max(p.value) FILTER (WHERE p.field = 'utilization_percentage'),
+               max(p.value) FILTER (WHERE p.field = 'memory_usage_megabytes'),
+               max(p.value) FILTER (WHERE p.field = 'power_usage_watts'),
+               'mlflow'
+        FROM points p JOIN host_of h USING (source_id, run_id)
+        WHERE p.gpu <> ''
+          AND NOT EXISTS (SELECT 1 FROM gpu_samples g WHERE g.host = h.host AND g.gpu = p.gpu AND g.ts = p.ts)
+        GROUP BY h.host, p.gpu, p.ts
+        """
+    )
