@@ -188,7 +188,7 @@ def test_mlflow_system_metrics_become_telemetry_of_the_job(tmp_path, run_cli):
     ).fetchall()
     con.close()
     assert rows == [("n5", "0", 60, 95.0, 60000.0), ("n5", "1", 60, 0.0, None)]
-    code, out, _ = run_cli("--db", str(db), "scan", "--select", "OVP001", "--format", "json")
+    _code, out, _ = run_cli("--db", str(db), "scan", "--select", "OVP001", "--format", "json")
     import json
 
     (finding,) = json.loads(out)["findings"]

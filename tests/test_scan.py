@@ -242,5 +242,5 @@ def test_third_party_rules_load_through_entry_points(tmp_path, monkeypatch, run_
     )
     monkeypatch.syspath_prepend(str(plugin))
     assert "DUP900" in all_rules()
-    code, out, _ = run_cli("rules", "list")
+    _code, out, _ = run_cli("rules", "list")
     assert "DUP900  too-many-runs" in out

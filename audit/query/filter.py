@@ -140,7 +140,9 @@ class Field:
 
 
 class Parser:
-    def __init__(self, text: str):
+    def __init__(self, text: str, wide: dict[str, set[str]] | None = None):
+        # keys with columns in the wide search table, per entity (empty: use the long tables)
+        self.wide = wide or {}
         self.text = text
         self.tokens = tokenize(text)
         self.index = 0
@@ -355,6 +357,9 @@ class Parser:
             column = DATASET_FIELDS[target.key]
             inner = build({"text": column, "num": None, "norm": column})
             return f"EXISTS (SELECT 1 FROM dataset_inputs d WHERE d.source_id = r.source_id AND d.run_id = r.run_id AND {inner})"
+        wide = self._wide_condition(target, build)
+        if wide is not None:
+            return wide
         mark = len(self.params)
         if target.entity == "params":
             inner = build({"text": "p.value", "num": "p.value_num", "norm": "p.value_norm"})
@@ -385,6 +390,31 @@ class Parser:
         del self.params[mark:]
         self.params.extend([target.key, *inner_params])
         return sql.format(inner)
+
+    def _wide_condition(self, target: Field, build) -> str | None:
+        """The condition on a column of the wide search table, when the key has one.
+
+        coalesce(..., false) gives a missing key the same meaning as a failed EXISTS.
+        """
+        from audit.importers.search_index import column
+
+        if target.aggregate is not None or target.key not in self.wide.get(target.entity, set()):
+            return None
+        name = f"{target.entity}.{target.key}"
+        if target.entity == "params":
+            cols = {
+                "text": "r." + column(name, "#raw"),
+                "num": "r." + column(name, "#num"),
+                "norm": "r." + column(name, "#norm"),
+            }
+            return f"({cols['text']} IS NOT NULL AND coalesce({build(cols)}, false))"
+        ref = "r." + column(name)
+        if target.entity == "tags":
+            cols = {"text": ref, "num": f"TRY_CAST({ref} AS DOUBLE)", "norm": ref}
+            return f"({ref} IS NOT NULL AND coalesce({build(cols)}, false))"
+        return (
+            f"coalesce(NOT isnan({ref}) AND {build({'text': ref, 'num': ref, 'norm': ref})}, false)"
+        )
 
     def equality(self, col: dict, target: Field, value) -> str:
         number, canonical = normalise_value(
@@ -440,8 +470,8 @@ def _number_text(value: float) -> str:
     return str(int(value)) if value == int(value) else repr(value)
 
 
-def compile_filter(text: str) -> Compiled:
-    return Parser(text or "").parse()
+def compile_filter(text: str, wide: dict[str, set[str]] | None = None) -> Compiled:
+    return Parser(text or "", wide).parse()
 
 
 ORDER = re.compile(r"^\s*(.+?)\s*(?:\s(asc|desc))?\s*$", re.IGNORECASE)

@@ -87,6 +87,7 @@ class Registry:
         self.db = Path(db)
         self.config = config or load_config(None)
         self._warehouse = None
+        self._wide: dict[str, set[str]] | None = None
 
     def _open(self):
         """The read-only connection, opened on first use and kept for later calls."""
@@ -114,22 +115,75 @@ class Registry:
         columns: list[str] | None = None,
         include_deleted: bool = False,
     ) -> pl.DataFrame:
-        compiled = compile_filter(filter_text)
-        order_sql, order_params = compile_order(order_by or [])
-        lifecycle = "" if include_deleted else "r.lifecycle_stage = 'active' AND "
-        sql = (
-            "SELECT r.source_id, r.run_id, r.name AS run_name, e.name AS experiment, r.status, r.user_id, "
-            "r.start_time, r.end_time FROM runs r "
-            "LEFT JOIN experiments e ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id "
-            f"WHERE {lifecycle}({compiled.sql}) "
-            f"ORDER BY {order_sql + ', ' if order_sql else ''}r.start_time DESC, r.run_id"
-            + (" LIMIT ?" if limit else "")
-        )
-        params = [*compiled.params, *order_params, *([limit] if limit else [])]
-        wanted = columns if columns is not None else _default_columns(compiled.keys, order_by or [])
+        from audit.importers.search_index import column as wide_column
+
         with self._open() as wh:
+            wide = self._wide_keys(wh)
+            compiled = compile_filter(filter_text, wide)
+            order_sql, order_params = compile_order(order_by or [])
+            wanted = (
+                columns if columns is not None else _default_columns(compiled.keys, order_by or [])
+            )
+            selected, remaining = [], []
+            for name in wanted:
+                entity, _, key = name.partition(".")
+                key = key.strip("`")
+                if entity in ("params", "tags", "metrics") and key in wide.get(entity, set()):
+                    suffix = "#raw" if entity == "params" else ""
+                    selected.append(
+                        f"r.{wide_column(f'{entity}.{key}', suffix)} AS {wide_column(name)}"
+                    )
+                else:
+                    remaining.append(name)
+            # the wide table when imports built it (one scan, no joins), else runs + experiments
+            source = (
+                "search_runs r"
+                if wide
+                else "(SELECT r.*, e.name AS experiment FROM runs r LEFT JOIN experiments e "
+                "ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id) r"
+            )
+            lifecycle = "" if include_deleted else "r.lifecycle_stage = 'active' AND "
+            sql = (
+                "SELECT r.source_id, r.run_id, r.name AS run_name, r.experiment, r.status, r.user_id, "
+                "r.start_time, r.end_time"
+                + "".join(", " + c for c in selected)
+                + f" FROM {source} "
+                f"WHERE {lifecycle}({compiled.sql}) "
+                f"ORDER BY {order_sql + ', ' if order_sql else ''}r.start_time DESC, r.run_id"
+                + (" LIMIT ?" if limit else "")
+            )
+            params = [*compiled.params, *order_params, *([limit] if limit else [])]
             runs = wh.frame(sql, params)
-            return self._with_columns(wh, runs, wanted)
+            runs = self._with_columns(wh, runs, remaining)
+            return runs.select(
+                [c for c in runs.columns if c not in wanted]
+                + [c for c in wanted if c in runs.columns]
+            )
+
+    def _wide_keys(self, wh) -> dict[str, set[str]]:
+        """Keys with columns in the wide search table (built by imports), per entity."""
+        if self._wide is None:
+            names = [
+                r[0]
+                for r in wh.con.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = 'search_runs'"
+                ).fetchall()
+            ]
+            wide: dict[str, set[str]] = {}
+            for name in names:
+                entity, dot, key = name.partition(".")
+                if not dot or entity not in ("params", "tags", "metrics"):
+                    continue
+                if entity == "params":
+                    if not key.endswith("#raw"):
+                        continue
+                    key = key[: -len("#raw")]
+                wide.setdefault(entity, set()).add(key)
+            # a warehouse with search_runs but no keys of a kind still searches runs there
+            self._wide = wide if names else {}
+            if names and not wide:
+                self._wide = {"params": set()}
+        return self._wide
 
     def _with_columns(self, wh, runs: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
         if runs.is_empty() or not columns:

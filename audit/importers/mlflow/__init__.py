@@ -27,6 +27,7 @@ from audit.importers.mlflow.filestore import FileStoreReader
 from audit.importers.mlflow.normalise import normalised_params
 from audit.importers.mlflow.rest import RestReader, redact_url
 from audit.importers.mlflow.sqlstore import SqlStoreReader
+from audit.importers.search_index import SEARCH_TABLE, rebuild_search_tables
 from audit.progress import NoProgress, ProgressReporter
 from audit.warehouse import Warehouse
 
@@ -168,6 +169,8 @@ def import_mlflow(
             )
             summary.model_versions = model_versions.height
             refresh_links(con, config or load_config(None))
+            if summary.runs_written or not _has_search_tables(con):
+                rebuild_search_tables(con)
             summary.seconds = time.monotonic() - started
             _log_import(con, summary, runs, started_at)
             con.execute("DROP TABLE audit_changed")
@@ -212,6 +215,13 @@ def prefetch(batches: Iterator[DetailBatch], depth: int = 2) -> Iterator[DetailB
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+def _has_search_tables(con) -> bool:
+    names = {
+        r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    }
+    return SEARCH_TABLE in names
 
 
 def _select_experiments(experiments: pl.DataFrame, names: list[str], location: str) -> list[str]:

@@ -23,6 +23,7 @@ from audit.importers.mlflow import (
 from audit.importers.mlflow.base import latest_from_history, stable_hash
 from audit.importers.mlflow.normalise import normalised_params
 from audit.importers.mlflow.rest import RestReader
+from audit.importers.search_index import rebuild_search_tables
 from audit.warehouse import Warehouse
 
 
@@ -95,5 +96,6 @@ def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | 
                 insert_frame(
                     con, "dataset_inputs", batch.datasets.with_columns(source_id=pl.lit(source_id))
                 )
+            rebuild_search_tables(con)
     finally:
         reader.close()
