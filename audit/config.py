@@ -49,6 +49,28 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "base_model_keys": ((list,), ["base_model", "model_name_or_path"]),
         "baseline_tag": ((str,), "audit.baseline"),
         "ignore_tag": ((str,), "audit.ignore"),
+        # params that name where or how a run was launched, not what it trained
+        "volatile_params": (
+            (list,),
+            [
+                "output_dir",
+                "logging_dir",
+                "run_name",
+                "report_to",
+                "hub_model_id",
+                "push_to_hub",
+                "logging_steps",
+                "save_steps",
+                "eval_steps",
+                "save_total_limit",
+                "overwrite_output_dir",
+                "dataloader_num_workers",
+                "resume_from_checkpoint",
+                "num_gpus",
+                "world_size",
+                "local_rank",
+            ],
+        ),
     },
     "cluster": {
         "timezone": ((str,), "UTC"),

@@ -220,3 +220,33 @@ def team_of_job(job: dict) -> str | None:
 
 def hours_between(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds() / HOUR
+
+
+def judged_jobs(ctx: RuleContext, min_hours: float):
+    """(job, usage) for every GPU job long enough to judge whose telemetry is unambiguous.
+
+    Jobs without usable telemetry are recorded as notes ("job 123: ambiguous"), not passed.
+    """
+    jobs = job_rows(ctx, min_hours)
+    usage = gpu_usage(
+        ctx,
+        [
+            {
+                "key": j["job_id"],
+                "cluster": j["cluster"],
+                "job_id": j["job_id"],
+                "gpus": j["gpus"],
+                "start": j["start_time"],
+                "end": j["end_time"],
+            }
+            for j in jobs
+        ],
+    )
+    for job in jobs:
+        use = usage[job["job_id"]]
+        if use.status != "ok":
+            ctx.skip(
+                f"job {job['job_id']}: {use.status} for its hosts {', '.join(use.hosts) or '?'}"
+            )
+            continue
+        yield job, use

@@ -4,25 +4,6 @@ from audit.engine import Finding, Rule, RuleContext, Severity, Threshold
 
 from ._common import money, run_facts
 
-VOLATILE_PARAMS = (
-    "output_dir",
-    "logging_dir",
-    "run_name",
-    "report_to",
-    "hub_model_id",
-    "push_to_hub",
-    "logging_steps",
-    "save_steps",
-    "eval_steps",
-    "save_total_limit",
-    "overwrite_output_dir",
-    "dataloader_num_workers",
-    "resume_from_checkpoint",
-    "num_gpus",
-    "world_size",
-    "local_rank",
-)
-
 
 class DuplicateConfig(Rule):
     """A run trained a configuration that an earlier finished run had already trained.
@@ -30,7 +11,8 @@ class DuplicateConfig(Rule):
     What it detects:
     Runs whose effective configuration equals that of an earlier FINISHED run: the same
     params after normalisation (`2e-05` == `0.00002`, `0.05` == `0.050`, `True` == `true`),
-    ignoring volatile params (output paths, run names, logging cadence, GPU count), with
+    ignoring volatile params (`[attribution] volatile_params`: output paths, run names,
+    logging cadence, GPU count), with
     the same source commit and the same training dataset digests when datasets are logged.
 
     Why it is waste:
@@ -69,6 +51,7 @@ class DuplicateConfig(Rule):
     recommendation = "Search history before launching (audit runs similar --fail-if-exists); reuse the earlier run's result."
 
     def check(self, ctx: RuleContext):
+        volatile = list(ctx.config.values["attribution"]["volatile_params"])
         facts = {(r["source_id"], r["run_id"]): r for r in run_facts(ctx)}
         signatures = ctx.rows(
             """
@@ -86,7 +69,7 @@ class DuplicateConfig(Rule):
             FROM runs r JOIN cfg c USING (source_id, run_id)
             LEFT JOIN data d USING (source_id, run_id)
             """,
-            [list(VOLATILE_PARAMS)],
+            [volatile],
         )
         groups: dict[tuple, list[dict]] = {}
         for row in signatures:
@@ -115,9 +98,9 @@ class DuplicateConfig(Rule):
                     continue
                 if run["gpu_hours"] < ctx.thresholds["min_gpu_hours"]:
                     continue
-                yield self._finding(ctx, run, earlier)
+                yield self._finding(ctx, run, earlier, volatile)
 
-    def _finding(self, ctx: RuleContext, run: dict, earlier: dict) -> Finding:
+    def _finding(self, ctx: RuleContext, run: dict, earlier: dict, volatile: list[str]) -> Finding:
         differences = ctx.rows(
             """
             SELECT a.key, a.value AS this_run, b.value AS earlier_run, a.value_norm AS normalised
@@ -147,7 +130,7 @@ class DuplicateConfig(Rule):
                     "status": earlier["status"],
                 },
                 "params_spelled_differently": differences,
-                "ignored_volatile_params": list(VOLATILE_PARAMS),
+                "ignored_volatile_params": volatile,
                 "source_commit": "same",
                 "cost_basis": run["cost_basis"],
                 "formula": money(hours, run["price"], run["price_key"]),

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from audit.engine import Rule, RuleContext, Severity, Threshold
 
-from ._common import gpu_usage, job_rows, job_subject, team_of_job
+from ._common import job_subject, judged_jobs, team_of_job
 
 
 class GpuTooLarge(Rule):
@@ -45,26 +45,7 @@ class GpuTooLarge(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        jobs = job_rows(ctx, t["min_job_minutes"] / 60)
-        usage = gpu_usage(
-            ctx,
-            [
-                {
-                    "key": j["job_id"],
-                    "cluster": j["cluster"],
-                    "job_id": j["job_id"],
-                    "gpus": j["gpus"],
-                    "start": j["start_time"],
-                    "end": j["end_time"],
-                }
-                for j in jobs
-            ],
-        )
-        for job in jobs:
-            use = usage[job["job_id"]]
-            if use.status != "ok":
-                ctx.skip(f"job {job['job_id']}: {use.status}")
-                continue
+        for job, use in judged_jobs(ctx, t["min_job_minutes"] / 60):
             capacity = max((g["mem_total"] or 0) for g in use.per_gpu)
             peak = max((g["mem"] or 0) for g in use.per_gpu)
             if (

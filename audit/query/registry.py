@@ -24,25 +24,6 @@ from audit.importers.mlflow.normalise import normalise_value
 from audit.query.filter import compile_filter, compile_order
 from audit.warehouse import open_warehouse
 
-# Keys that name where or how a run was launched, not what it trained.
-VOLATILE_KEYS = (
-    "output_dir",
-    "logging_dir",
-    "run_name",
-    "report_to",
-    "hub_model_id",
-    "push_to_hub",
-    "logging_steps",
-    "save_steps",
-    "eval_steps",
-    "save_total_limit",
-    "overwrite_output_dir",
-    "dataloader_num_workers",
-    "resume_from_checkpoint",
-    "num_gpus",
-    "world_size",
-    "local_rank",
-)
 VIEWS = {
     "runs": "one row per run (see docs/schema.md)",
     "params": "params in long form: run, key, raw value, value_num, value_norm",
@@ -219,7 +200,7 @@ class Registry:
         ignore: list[str] | None = None,
         limit: int = 10,
     ) -> Similar:
-        skip = set(VOLATILE_KEYS) | set(ignore or [])
+        skip = set(self.config.values["attribution"]["volatile_params"]) | set(ignore or [])
         with self._open() as wh:
             if run_id is not None:
                 found = wh.frame("SELECT key, value FROM params WHERE run_id = ?", [run_id])
