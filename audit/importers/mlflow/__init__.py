@@ -139,20 +139,7 @@ def import_mlflow(
             insert_frame(con, "runs", _runs_frame(changed, source_id, started_at))
             progress.start(len(changed_ids))
             for batch in prefetch(reader.details(changed_ids)):
-                latest = batch.latest_metrics
-                if latest is None:
-                    latest = latest_from_history(batch.metrics)
-                insert_frame(
-                    con,
-                    "params",
-                    normalised_params(batch.params).with_columns(source_id=pl.lit(source_id)),
-                )
-                insert_frame(con, "tags", batch.tags.with_columns(source_id=pl.lit(source_id)))
-                insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id))
-                insert_frame(con, "latest_metrics", _metric_frame(latest, source_id))
-                insert_frame(
-                    con, "dataset_inputs", batch.datasets.with_columns(source_id=pl.lit(source_id))
-                )
+                write_batch(con, batch, source_id)
                 summary.params += batch.params.height
                 summary.tags += batch.tags.height
                 summary.metric_points += batch.metrics.height
@@ -178,6 +165,21 @@ def import_mlflow(
         progress.stop()
         reader.close()
     return summary
+
+
+def write_batch(con, batch: DetailBatch, source_id: str) -> None:
+    """Insert one batch of run details (params normalised, latest metrics derived if absent)."""
+    latest = (
+        batch.latest_metrics
+        if batch.latest_metrics is not None
+        else latest_from_history(batch.metrics)
+    )
+    source = pl.lit(source_id)
+    insert_frame(con, "params", normalised_params(batch.params).with_columns(source_id=source))
+    insert_frame(con, "tags", batch.tags.with_columns(source_id=source))
+    insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id))
+    insert_frame(con, "latest_metrics", _metric_frame(latest, source_id))
+    insert_frame(con, "dataset_inputs", batch.datasets.with_columns(source_id=source))
 
 
 def prefetch(batches: Iterator[DetailBatch], depth: int = 2) -> Iterator[DetailBatch]:

@@ -7,21 +7,18 @@ the source, which rewrites only what changed.
 
 from __future__ import annotations
 
-import polars as pl
-
 from audit.config import Config
 from audit.errors import InputError
 from audit.importers.files import insert_frame, now_utc
 from audit.importers.mlflow import (
-    _metric_frame,
     _replace_experiments,
     _runs_frame,
     _upsert_source,
     import_mlflow,
     open_reader,
+    write_batch,
 )
-from audit.importers.mlflow.base import latest_from_history, stable_hash
-from audit.importers.mlflow.normalise import normalised_params
+from audit.importers.mlflow.base import stable_hash
 from audit.importers.mlflow.rest import RestReader
 from audit.importers.search_index import rebuild_search_tables
 from audit.warehouse import Warehouse
@@ -80,22 +77,7 @@ def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | 
                 )
             insert_frame(con, "runs", _runs_frame(run, source_id, now))
             for batch in batches:
-                latest = (
-                    batch.latest_metrics
-                    if batch.latest_metrics is not None
-                    else latest_from_history(batch.metrics)
-                )
-                insert_frame(
-                    con,
-                    "params",
-                    normalised_params(batch.params).with_columns(source_id=pl.lit(source_id)),
-                )
-                insert_frame(con, "tags", batch.tags.with_columns(source_id=pl.lit(source_id)))
-                insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id))
-                insert_frame(con, "latest_metrics", _metric_frame(latest, source_id))
-                insert_frame(
-                    con, "dataset_inputs", batch.datasets.with_columns(source_id=pl.lit(source_id))
-                )
+                write_batch(con, batch, source_id)
             rebuild_search_tables(con)
     finally:
         reader.close()
