@@ -17,8 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import polars as pl
+
 from audit.errors import InputError
-from audit.importers.mlflow.normalise import normalise_value
+from audit.importers.mlflow.normalise import normalise_value, normalised_params
 
 ENTITY_ALIASES = {
     "params": "params",
@@ -145,6 +147,7 @@ class Parser:
         self.wide = wide or {}
         self.text = text
         self.tokens = tokenize(text)
+        self.normalised = _normalise_literals(self.tokens)
         self.index = 0
         self.params: list = []
         self.keys: list[tuple[str, str]] = []
@@ -416,10 +419,12 @@ class Parser:
             f"coalesce(NOT isnan({ref}) AND {build({'text': ref, 'num': ref, 'norm': ref})}, false)"
         )
 
+    def normalise(self, value) -> tuple[float | None, str]:
+        text = repr(value) if isinstance(value, float) else str(value)
+        return self.normalised.get(text) or normalise_value(text)
+
     def equality(self, col: dict, target: Field, value) -> str:
-        number, canonical = normalise_value(
-            str(value) if not isinstance(value, float) else repr(value)
-        )
+        number, canonical = self.normalise(value)
         if target.entity == "metrics":
             if number is None:
                 raise self.error(f"metrics compare with numbers, got {value!r}", self.value_token)
@@ -439,7 +444,7 @@ class Parser:
         )
 
     def ordered(self, col: dict, target: Field, operator: str, value) -> str:
-        number, _ = normalise_value(str(value) if not isinstance(value, float) else repr(value))
+        number, _ = self.normalise(value)
         if number is not None and col["num"] is not None:
             return self.bind(f"{col['num']} {operator} ?", number)
         if target.entity in ("metrics",) or (
@@ -457,6 +462,23 @@ class Parser:
             return f"({ATTRIBUTES[target.key]} IS {'' if is_null else 'NOT '}NULL)"
         present = self.condition(target, lambda col: "TRUE")
         return f"(NOT {present})" if is_null else present
+
+
+def _normalise_literals(tokens: list[Token]) -> dict[str, tuple[float | None, str]]:
+    """Every literal of the filter normalised in one polars call (one call per literal is slow)."""
+    texts = []
+    for token in tokens:
+        if token.kind == "string":
+            texts.append(_unquote(token.text))
+        elif token.kind == "number":
+            texts.append(repr(float(token.text)))
+    if not texts:
+        return {}
+    frame = normalised_params(pl.DataFrame({"value": texts}, schema={"value": pl.String}))
+    return {
+        row[0]: (row[1], row[2])
+        for row in frame.select("value", "value_num", "value_norm").iter_rows()
+    }
 
 
 def _unquote(text: str) -> str:
