@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
-
 from audit.engine import RuleContext
 
 TRAINING_METHODS_EXCLUDED = ("eval", "evaluation", "inference", "baseline")
@@ -13,7 +11,3 @@ def glob_sql(ctx: RuleContext, kind: str) -> tuple[str, list[str]]:
     """SQL condition matching metric keys against the configured globs of ``kind``."""
     globs = ctx.metric_globs(kind)
     return "(" + " OR ".join(["key GLOB ?"] * len(globs)) + ")" if globs else "FALSE", globs
-
-
-def is_match(key: str, globs: list[str]) -> bool:
-    return any(fnmatchcase(key, g) for g in globs)

@@ -11,7 +11,7 @@ from importlib import resources
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from audit.reports import charts
-from audit.reports.weekly import FAMILY_LABELS, to_json
+from audit.reports.weekly import to_json
 
 HTML_FINDINGS = 200  # beyond this the HTML collapses to counts; the JSON has every finding
 
@@ -157,7 +157,6 @@ def render_html(report: dict) -> str:
         findings=active[:HTML_FINDINGS],
         hidden=max(0, len(active) - HTML_FINDINGS),
         suppressed=[f for f in report["findings"] if f["suppressed"]],
-        families=FAMILY_LABELS,
         script=script,
         script_hash=script_hash,
     )

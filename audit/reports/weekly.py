@@ -18,7 +18,7 @@ from audit.config import Config
 from audit.engine import RuleContext, ScanResult, scan, select_rules
 from audit.errors import InputError
 from audit.status import warehouse_status
-from audit.summary import FAMILIES, spend, summarise
+from audit.summary import spend, summarise
 
 TREND_WEEKS = 8
 NOW_ENV = "AUDIT_NOW"  # pins "now" (ISO time, UTC) for reproducible reports and tests
@@ -335,6 +335,3 @@ def to_json(report: dict) -> str:
     return json.dumps(
         report, indent=2, default=lambda v: v.isoformat() if hasattr(v, "isoformat") else str(v)
     )
-
-
-FAMILY_LABELS = FAMILIES
