@@ -143,28 +143,13 @@ def _read_nvidia_smi(
         raise InputError(f"{path}: column {duplicated[0]!r} appears twice")
     wanted = [n for n in names if n in ("timestamp", identity, *_SMI_COLUMNS)]
     body = None if skip_bad else _fast_table(path, names, wanted, first)
+    samples = None if body is None else _samples(body, host, identity, tz)
     skipped: list[str] = []
-    if body is None:  # a malformed line somewhere: find it (or them) line by line
+    if samples is None or samples["unparsable"].any():
+        # a malformed line somewhere: find it (or them) line by line
         body, skipped = _validated_table(path, names, wanted, first, skip_bad)
-    samples = body.select(
-        host=pl.lit(host),
-        gpu=pl.col(identity),
-        ts=pl.col("ts")
-        .dt.replace_time_zone(str(tz), ambiguous="earliest", non_existent="null")
-        .dt.convert_time_zone("UTC")
-        .dt.replace_time_zone(None),
-        util_pct=_number(body, "utilization.gpu"),
-        mem_used_mib=_number(body, "memory.used"),
-        mem_total_mib=_number(body, "memory.total"),
-        power_w=_number(
-            body, "power.draw" if "power.draw" in body.columns else "power.draw.average"
-        ),
-        model=_text(body, "name"),
-        uuid=_text(body, "uuid"),
-        job_label=pl.lit(None, dtype=pl.String),
-        pod=pl.lit(None, dtype=pl.String),
-        origin=pl.lit("nvidia-smi"),
-    ).filter(pl.col("ts").is_not_null())
+        samples = _samples(body, host, identity, tz)
+    samples = samples.drop("unparsable").filter(pl.col("ts").is_not_null())
     out_of_range = (
         (pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0)
     )
@@ -174,8 +159,43 @@ def _read_nvidia_smi(
     if bad:
         skipped.append(f"{path}: {bad} rows with utilization outside 0-100 % or negative memory")
         samples = samples.filter(~out_of_range.fill_null(False))
-    return TelemetryFile(
-        samples=samples.cast(SAMPLE_SCHEMA), rows_read=body.height + len(skipped), skipped=skipped
+    return TelemetryFile(samples=samples, rows_read=body.height + len(skipped), skipped=skipped)
+
+
+def _samples(body: pl.DataFrame, host: str, identity: str, tz: ZoneInfo) -> pl.DataFrame:
+    """Typed samples in one pass over the strings, plus a flag for values that are no number."""
+    ts = pl.col("ts")
+    if str(tz) != "UTC":
+        ts = (
+            ts.dt.replace_time_zone(str(tz), ambiguous="earliest", non_existent="null")
+            .dt.convert_time_zone("UTC")
+            .dt.replace_time_zone(None)
+        )
+    power = "power.draw" if "power.draw" in body.columns else "power.draw.average"
+    measured = [n for n in ("utilization.gpu", "memory.used", "memory.total") if n in body]
+    unparsable = [
+        pl.col(n).is_not_null() & ~pl.col(n).is_in(_MISSING) & _numeric(pl.col(n)).is_null()
+        for n in measured
+    ]
+    return (
+        body.lazy()
+        .select(
+            host=pl.lit(host),
+            gpu=pl.col(identity),
+            ts=ts,
+            util_pct=_number(body, "utilization.gpu"),
+            mem_used_mib=_number(body, "memory.used"),
+            mem_total_mib=_number(body, "memory.total"),
+            power_w=_number(body, power),
+            model=_text(body, "name"),
+            uuid=_text(body, "uuid"),
+            job_label=pl.lit(None, dtype=pl.String),
+            pod=pl.lit(None, dtype=pl.String),
+            origin=pl.lit("nvidia-smi"),
+            unparsable=pl.any_horizontal(unparsable) if unparsable else pl.lit(False),
+        )
+        .cast(SAMPLE_SCHEMA)
+        .collect()
     )
 
 
@@ -208,11 +228,14 @@ def _fast_table(path: Path, names: list[str], wanted: list[str], first: int) -> 
         return None
     if raw.width != len(names) or raw[names[-1]].null_count():
         return None  # short lines leave the last column empty
-    body = raw.select([pl.col(n).str.strip_chars() for n in wanted])
-    body = body.with_columns(
-        ts=_parsed_time(pl.col("timestamp"), body["timestamp"][0] if body.height else None)
+    sample = raw["timestamp"][0].strip() if raw.height else None
+    body = (
+        raw.lazy()
+        .select([pl.col(n).str.strip_chars() for n in wanted])
+        .with_columns(ts=_parsed_time(pl.col("timestamp"), sample))
+        .collect()
     )
-    if body["ts"].null_count() or _unparsable_numbers(body).height:
+    if body["ts"].null_count():
         return None
     return body
 

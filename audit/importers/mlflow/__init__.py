@@ -27,7 +27,11 @@ from audit.importers.mlflow.filestore import FileStoreReader
 from audit.importers.mlflow.normalise import normalised_params
 from audit.importers.mlflow.rest import RestReader, redact_url
 from audit.importers.mlflow.sqlstore import SqlStoreReader
-from audit.importers.search_index import SEARCH_TABLE, rebuild_search_tables
+from audit.importers.search_index import (
+    SEARCH_TABLE,
+    rebuild_search_tables,
+    update_search_tables,
+)
 from audit.progress import NoProgress, ProgressReporter
 from audit.warehouse import Warehouse
 
@@ -156,8 +160,10 @@ def import_mlflow(
             )
             summary.model_versions = model_versions.height
             refresh_links(con, config or load_config(None))
-            if summary.runs_written or not _has_search_tables(con):
+            if not _has_search_tables(con) or summary.runs_written > runs.height // 10:
                 rebuild_search_tables(con)
+            else:
+                update_search_tables(con, source_id, changed_ids)
             summary.seconds = time.monotonic() - started
             _log_import(con, summary, runs, started_at)
             con.execute("DROP TABLE audit_changed")

@@ -20,7 +20,7 @@ from audit.importers.mlflow import (
 )
 from audit.importers.mlflow.base import stable_hash
 from audit.importers.mlflow.rest import RestReader
-from audit.importers.search_index import rebuild_search_tables
+from audit.importers.search_index import update_search_tables
 from audit.warehouse import Warehouse
 
 
@@ -78,6 +78,6 @@ def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | 
             insert_frame(con, "runs", _runs_frame(run, source_id, now))
             for batch in batches:
                 write_batch(con, batch, source_id)
-            rebuild_search_tables(con)
+            update_search_tables(con, source_id, [run_id])
     finally:
         reader.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -38,25 +39,45 @@ SCAN_FRACTION = 0.5  # above this share of changed runs, whole-table scans win o
 
 # Per-run change detector computed inside the store: anything MLflow lets a client change
 # on a run (status, end, lifecycle, name, new params/tags/metric points) moves one of these.
-_SIGNATURE_SQL = """
-SELECT r.run_uuid,
-       CAST(coalesce(p.n, 0) AS VARCHAR(20)) || ':' || CAST(coalesce(t.n, 0) AS VARCHAR(20)) || ':' ||
-       CAST(coalesce(t.len, 0) AS VARCHAR(20)) || ':' || CAST(coalesce(m.n, 0) AS VARCHAR(20)) || ':' ||
-       CAST(coalesce(m.ts, 0) AS VARCHAR(20)) || ':' || CAST(coalesce(m.steps, 0) AS VARCHAR(20))
-FROM runs r
-LEFT JOIN (SELECT run_uuid, count(*) AS n FROM params GROUP BY run_uuid) p
-       ON p.run_uuid = r.run_uuid
-LEFT JOIN (SELECT run_uuid, count(*) AS n,
-                  sum(length(key) + length(coalesce(value, ''))) AS len
-           FROM tags GROUP BY run_uuid) t ON t.run_uuid = r.run_uuid
-LEFT JOIN (SELECT run_uuid, count(*) AS n, max(timestamp) AS ts, sum(step) AS steps
-           FROM latest_metrics GROUP BY run_uuid) m ON m.run_uuid = r.run_uuid
-"""
+# A run's change signature: counts and sums over its params, tags and latest metrics. Three
+# grouped queries on separate connections run side by side (one joined query takes 2.3 s at
+# 100k runs in SQLite, the three in parallel 0.6 s).
+_SIGNATURE_PARTS = {
+    "p": ("SELECT run_uuid, count(*) AS n FROM params GROUP BY run_uuid", ("n",)),
+    "t": (
+        "SELECT run_uuid, count(*) AS n, CAST(sum(length(key) + length(coalesce(value, ''))) AS BIGINT) AS len "
+        "FROM tags GROUP BY run_uuid",
+        ("n", "len"),
+    ),
+    "m": (
+        "SELECT run_uuid, count(*) AS n, max(timestamp) AS ts, CAST(sum(step) AS BIGINT) AS steps "
+        "FROM latest_metrics GROUP BY run_uuid",
+        ("n", "ts", "steps"),
+    ),
+}
+
+
+def _signatures(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    joined = None
+    for name in _SIGNATURE_PARTS:
+        part = frames[name]
+        joined = (
+            part if joined is None else joined.join(part, on="run_id", how="full", coalesce=True)
+        )
+    counts = [f"{name}_{c}" for name, (_, cols) in _SIGNATURE_PARTS.items() for c in cols]
+    return joined.select(
+        "run_id",
+        sig=pl.concat_str([pl.col(c).fill_null(0).cast(pl.String) for c in counts], separator=":"),
+    )
+
+
+_NO_DETAILS_SIGNATURE = ":".join("0" for _, cols in _SIGNATURE_PARTS.values() for _ in cols)
 
 
 class SqlStoreReader:
-    def __init__(self, connection, kind: str, location: str, error_types: tuple[type, ...]):
-        self.con = connection
+    def __init__(self, connect, kind: str, location: str, error_types: tuple[type, ...]):
+        self._connect = connect
+        self.con = connect()
         self.kind = kind
         self.location = location
         self._errors = error_types
@@ -85,10 +106,14 @@ class SqlStoreReader:
             raise InputError(f"{location}: is a directory; a file store is passed without sqlite:")
         errors = (adbc_driver_manager.Error, adbc_driver_sqlite.dbapi.Error)
         try:
-            con = adbc_driver_sqlite.dbapi.connect(f"file:{quote(str(path))}?mode=ro")
+            return cls(
+                lambda: adbc_driver_sqlite.dbapi.connect(f"file:{quote(str(path))}?mode=ro"),
+                "sqlite",
+                location,
+                errors,
+            )
         except errors as exc:
             raise InputError(f"{location}: cannot open as SQLite ({_first_line(exc)})") from None
-        return cls(con, "sqlite", location, errors)
 
     @classmethod
     def open_postgres(cls, uri: str, location: str) -> SqlStoreReader:
@@ -102,10 +127,14 @@ class SqlStoreReader:
         dsn = uri.split("://", 1)[1]
         errors = (adbc_driver_manager.Error, adbc_driver_postgresql.dbapi.Error)
         try:
-            con = adbc_driver_postgresql.dbapi.connect(f"postgresql://{dsn}")
+            return cls(
+                lambda: adbc_driver_postgresql.dbapi.connect(f"postgresql://{dsn}"),
+                "postgres",
+                location,
+                errors,
+            )
         except errors as exc:
             raise InputError(f"{location}: cannot connect ({_first_line(exc)})") from None
-        return cls(con, "postgres", location, errors)
 
     def close(self) -> None:
         try:
@@ -178,18 +207,27 @@ class SqlStoreReader:
     def runs(self, experiment_ids: list[str]) -> pl.DataFrame:
         c = lambda col: self._col("runs", col)  # noqa: E731
         base_schema = {k: v for k, v in RUN_SCHEMA.items() if k != "signature"}
-        runs = self._frame(
-            f"SELECT run_uuid, CAST(experiment_id AS VARCHAR(64)), {c('name')}, user_id, status, "
-            f"start_time, end_time, lifecycle_stage, {c('deleted_time')}, artifact_uri, source_name, "
-            f"source_type, source_version FROM runs",
-            base_schema,
-        )
+        queries = {
+            "runs": (
+                f"SELECT run_uuid, CAST(experiment_id AS VARCHAR(64)), {c('name')}, user_id, "
+                f"status, start_time, end_time, lifecycle_stage, {c('deleted_time')}, "
+                f"artifact_uri, source_name, source_type, source_version FROM runs",
+                base_schema,
+            ),
+            "special_tags": (
+                "SELECT run_uuid, key, value FROM tags "
+                "WHERE key IN ('mlflow.source.git.commit', 'mlflow.runName')",
+                TAG_SCHEMA,
+            ),
+            **{
+                name: (sql, {"run_id": pl.String} | {f"{name}_{c}": pl.Int64 for c in columns})
+                for name, (sql, columns) in _SIGNATURE_PARTS.items()
+            },
+        }
+        frames = self._parallel_frames(queries)
+        runs, special_tags = frames["runs"], frames["special_tags"]
         self._total_runs = runs.height
-        signatures = self._frame(_SIGNATURE_SQL, {"run_id": pl.String, "sig": pl.String})
-        special_tags = self._frame(
-            "SELECT run_uuid, key, value FROM tags WHERE key IN ('mlflow.source.git.commit', 'mlflow.runName')",
-            TAG_SCHEMA,
-        )
+        signatures = _signatures(frames)
         commits = special_tags.filter(pl.col("key") == "mlflow.source.git.commit").select(
             "run_id", tag_commit="value"
         )
@@ -198,6 +236,7 @@ class SqlStoreReader:
         )
         runs = (
             runs.join(signatures, on="run_id", how="left")
+            .with_columns(pl.col("sig").fill_null(_NO_DETAILS_SIGNATURE))
             .join(commits.unique("run_id"), on="run_id", how="left")
             .join(names.unique("run_id"), on="run_id", how="left")
             .with_columns(
@@ -224,6 +263,22 @@ class SqlStoreReader:
         if experiment_ids:
             runs = runs.filter(pl.col("experiment_id").is_in(experiment_ids))
         return runs.select(list(RUN_SCHEMA))
+
+    def _parallel_frames(self, queries: dict[str, tuple[str, dict]]) -> dict[str, pl.DataFrame]:
+        """Each query on a connection of its own, side by side (the drivers release the GIL)."""
+
+        def run(name: str) -> pl.DataFrame:
+            sql, schema = queries[name]
+            con = self._guard(self._connect)
+            try:
+                cur = con.cursor()
+                self._guard(cur.execute, sql)
+                return _typed(pl.from_arrow(self._guard(cur.fetch_arrow_table)), schema)
+            finally:
+                con.close()
+
+        with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+            return dict(zip(queries, pool.map(run, queries), strict=True))
 
     def details(self, run_ids: list[str]) -> Iterator[DetailBatch]:
         if not run_ids:

@@ -1,0 +1,246 @@
+"""Benchmark data sets S, M and L, generated once (seeded) into a cache directory.
+
+Each set holds an MLflow SQLite store of N runs and a copy with 1 % more runs (the
+incremental import), the Slurm accounting of the runs' jobs, nvidia-smi telemetry for
+H hosts x 8 GPUs x D days at 1 sample/min, and HF-style checkpoint folders (sparse weight
+files) for every 20th run. Runs, jobs, hosts and checkpoints refer to each other the way
+real ones do: run tag ``slurm_job_id`` -> sacct JobID, sacct NodeList -> telemetry host,
+param ``output_dir`` -> checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import generate, telemetry
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    runs: int
+    hosts: int
+    days: int
+
+    @property
+    def new_runs(self) -> int:
+        return max(1, self.runs // 100)
+
+
+SIZES = {
+    "S": Size("S", 1_000, 10, 1),
+    "M": Size("M", 10_000, 100, 1),
+    "L": Size("L", 100_000, 125, 7),
+}
+CHECKPOINT_EVERY = 20  # every 20th run kept its checkpoints
+CHECKPOINT_GB = {"qwen2.5-7b": 15.2, "llama3.1-8b": 16.1, "qwen2.5-32b": 65.5}
+GB = 1_000_000_000
+SACCT_HEADER = (
+    "JobID|JobName|User|Account|Partition|State|Submit|Start|End|ElapsedRaw|TimelimitRaw|"
+    "NNodes|NCPUS|NodeList|AllocTRES|ReqTRES|TRESUsageInMax"
+)
+
+
+@dataclass(frozen=True)
+class DataSet:
+    root: Path
+    size: Size
+
+    @property
+    def base_store(self) -> Path:
+        return self.root / "mlflow-base.db"
+
+    @property
+    def plus_store(self) -> Path:
+        return self.root / "mlflow-plus.db"
+
+    @property
+    def store(self) -> Path:
+        """The path imports read; hard-linked to the base or the plus store (same source)."""
+        return self.root / "mlflow.db"
+
+    @property
+    def telemetry(self) -> Path:
+        return self.root / "telemetry"
+
+    @property
+    def sacct(self) -> Path:
+        return self.root / "slurm.sacct"
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "scratch"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "audit.toml"
+
+    def use_store(self, which: Path) -> None:
+        self.store.unlink(missing_ok=True)
+        os.link(which, self.store)
+
+    def telemetry_files(self) -> list[Path]:
+        return sorted(self.telemetry.glob("*.csv"))
+
+
+def prepare(size: Size, cache: Path, log=print) -> DataSet:
+    data = DataSet(cache / size.name, size)
+    data.root.mkdir(parents=True, exist_ok=True)
+    steps = [
+        ("mlflow-base", _make_base_store),
+        ("mlflow-plus", _make_plus_store),
+        ("telemetry", _make_telemetry),
+        ("sacct", _make_sacct),
+        ("checkpoints", _make_checkpoints),
+    ]
+    for name, make in steps:
+        done = data.root / f".done-{name}"
+        if done.exists():
+            continue
+        started = time.monotonic()
+        make(data)
+        done.write_text(datetime.now(UTC).isoformat() + "\n")
+        log(f"generated {name} for size {size.name} in {time.monotonic() - started:.1f} s")
+    data.config.write_text(
+        '[cluster]\ntimezone = "UTC"\n\n[links]\n'
+        f'path_prefixes = {{ "/scratch" = {json.dumps(str(data.scratch))} }}\n'
+    )
+    return data
+
+
+def _make_base_store(data: DataSet) -> None:
+    path = data.base_store
+    path.unlink(missing_ok=True)
+    ids = generate.create_store(path, experiments=10)
+    generate.write_bulk(path, generate.synthetic_runs(data.size.runs, 0, len(ids)), ids)
+    _settle(path)
+
+
+def _make_plus_store(data: DataSet) -> None:
+    shutil.copyfile(data.base_store, data.plus_store)
+    con = sqlite3.connect(data.plus_store)
+    ids = [
+        str(r[0])
+        for r in con.execute(
+            "SELECT experiment_id FROM experiments WHERE name LIKE 'bench-%' ORDER BY experiment_id"
+        )
+    ]
+    con.close()
+    runs = generate.synthetic_runs(data.size.new_runs, 0, len(ids), first=data.size.runs)
+    generate.write_bulk(data.plus_store, runs, ids)
+    _settle(data.plus_store)
+
+
+def _settle(path: Path) -> None:
+    """No -wal file beside the store: the hard-linked copy must be the whole database."""
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode = DELETE")
+    con.close()
+
+
+def _make_telemetry(data: DataSet) -> None:
+    shutil.rmtree(data.telemetry, ignore_errors=True)
+    data.telemetry.mkdir(parents=True)
+    for h in range(data.size.hosts):
+        telemetry.write_host(
+            data.telemetry / f"{host_name(h)}.csv", h, data.size.days, datetime(2026, 11, 16)
+        )
+
+
+def host_name(index: int) -> str:
+    return f"gpu-{index:04d}"
+
+
+def _runs(data: DataSet):
+    total = data.size.runs + data.size.new_runs
+    return generate.synthetic_runs(total, 0, 10)
+
+
+def _make_sacct(data: DataSet) -> None:
+    def iso(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+    with open(data.sacct, "w") as out:
+        out.write(SACCT_HEADER + "\n")
+        for i, run in enumerate(_runs(data)):
+            gpus = int(run.params["num_gpus"])
+            host = host_name(i % data.size.hosts)
+            state = "FAILED" if run.status == "FAILED" else "COMPLETED"
+            elapsed = (run.end_ms - run.start_ms) // 1000
+            tres = f"billing={12 * gpus},cpu={12 * gpus},gres/gpu={gpus},mem={96 * gpus}G,node=1"
+            job = run.tags["slurm_job_id"]
+            fields = [job, run.name, run.user, run.tags["team"], "gpu", state]
+            times = [iso(run.start_ms - 60_000), iso(run.start_ms), iso(run.end_ms)]
+            out.write(
+                "|".join(
+                    [
+                        *fields,
+                        *times,
+                        str(elapsed),
+                        "1440",
+                        "1",
+                        str(12 * gpus),
+                        host,
+                        tres,
+                        tres,
+                        "",
+                    ]
+                )
+                + "\n"
+            )
+            out.write(
+                "|".join(
+                    [
+                        f"{job}.batch",
+                        "batch",
+                        "",
+                        run.tags["team"],
+                        "",
+                        state,
+                        *times,
+                        str(elapsed),
+                        "",
+                        "1",
+                        str(12 * gpus),
+                        host,
+                        tres,
+                        "",
+                        "",
+                    ]
+                )
+                + "\n"
+            )
+
+
+def _make_checkpoints(data: DataSet) -> None:
+    shutil.rmtree(data.scratch, ignore_errors=True)
+    for i, run in enumerate(_runs(data)):
+        if i % CHECKPOINT_EVERY:
+            continue
+        folder = data.scratch / run.params["output_dir"].removeprefix("/scratch/")
+        total = int(run.params["max_steps"])
+        steps = list(range(total // 4, total + 1, total // 4))
+        for step in steps:
+            saved = (run.start_ms + (run.end_ms - run.start_ms) * step / total) / 1000
+            checkpoint = folder / f"checkpoint-{step}"
+            checkpoint.mkdir(parents=True)
+            size = int(CHECKPOINT_GB[run.params["base_model"]] * GB)
+            with open(checkpoint / "model.safetensors", "wb") as fh:
+                fh.truncate(size)  # sparse: real to stat, no disk
+            (checkpoint / "config.json").write_text('{"model_type": "causal_lm"}\n')
+            state = {"global_step": step, "best_model_checkpoint": None, "log_history": []}
+            (checkpoint / "trainer_state.json").write_text(json.dumps(state) + "\n")
+            for name in ("model.safetensors", "config.json", "trainer_state.json", ""):
+                os.utime(checkpoint / name, (saved, saved))
+
+
+if __name__ == "__main__":
+    prepare(SIZES[sys.argv[1]], Path(sys.argv[2]))

@@ -1,0 +1,292 @@
+"""A real tracking server behind a fault-injecting proxy: retries, then a clear error and
+an unchanged warehouse; never a partial import."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+import duckdb
+import pytest
+
+from tests.helpers import REPO
+
+TABLES = ("sources", "experiments", "runs", "params", "tags", "metrics", "import_log")
+
+
+class FaultProxy:
+    """Forwards to the tracking server; ``fault(request_number, path, body)`` picks a fault.
+
+    Faults: None (forward), ("status", code), ("slow", seconds), ("reset",),
+    ("truncate",), ("dead_token",).
+    """
+
+    def __init__(self, upstream: str, fault):
+        self.upstream = urlsplit(upstream)
+        self.fault = fault
+        self.requests: list[tuple[str, str]] = []
+        self.faults_served = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._handle()
+
+            def do_POST(self):
+                self._handle()
+
+            def _handle(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                number = len(proxy.requests)
+                proxy.requests.append((self.command, self.path))
+                fault = proxy.fault(number, self.path, body)
+                if fault is not None:
+                    proxy.faults_served += 1
+                kind = fault[0] if fault else None
+                if kind == "reset":
+                    # RST instead of a response: the client sees a connection reset
+                    self.connection.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                    self.connection.close()
+                    self.close_connection = True
+                    return
+                if kind == "status":
+                    self._reply(fault[1], b'{"error_code": "TEMPORARILY_UNAVAILABLE"}')
+                    return
+                if kind == "dead_token" and (b"page_token" in body or "page_token" in self.path):
+                    self._reply(
+                        400,
+                        b'{"error_code": "INVALID_PARAMETER_VALUE", '
+                        b'"message": "Invalid page token, could not base64-decode"}',
+                    )
+                    return
+                if kind == "slow":
+                    time.sleep(fault[1])
+                status, payload = proxy.forward(self.command, self.path, body, self.headers)
+                if kind == "truncate":
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload[: len(payload) // 2])
+                    self.wfile.flush()
+                    self.connection.close()
+                    self.close_connection = True
+                    return
+                self._reply(status, payload)
+
+            def _reply(self, status: int, payload: bytes):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        # A client that gave up on a slow reply leaves a broken pipe: expected, not news
+        self.httpd.handle_error = lambda request, address: None
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def forward(self, method: str, path: str, body: bytes, headers) -> tuple[int, bytes]:
+        con = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=30)
+        try:
+            con.request(
+                method,
+                path,
+                body=body or None,
+                headers={"Content-Type": headers.get("Content-Type", "application/json")},
+            )
+            response = con.getresponse()
+            return response.status, response.read()
+        finally:
+            con.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def counts(db) -> dict[str, int]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in TABLES}
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def seeded(tmp_path, run_cli):
+    """A warehouse holding the sample week, and a config that pages 3 runs at a time."""
+    db = tmp_path / "w.duckdb"
+    code, _, err = run_cli(
+        "--db", str(db), "ingest", "mlflow", "--tracking-uri", str(REPO / "sample_logs" / "mlruns")
+    )
+    assert code == 0, err
+    config = tmp_path / "audit.toml"
+    config.write_text(
+        "[mlflow]\npage_size = 3\nhttp_max_retries = 2\nhttp_backoff_seconds = 0.05\n"
+        "http_timeout_seconds = 1.0\n"
+    )
+    return db, config
+
+
+def _is_runs_page(path: str, body: bytes) -> bool:
+    return "runs/search" in path
+
+
+def _later_page(path: str, body: bytes) -> bool:
+    return "runs/search" in path and b"page_token" in body
+
+
+PERSISTENT = [
+    ("5xx", lambda n, p, b: ("status", 503) if _later_page(p, b) else None, "HTTP 503"),
+    ("slow", lambda n, p, b: ("slow", 2.5) if _later_page(p, b) else None, "ReadTimeout"),
+    ("reset", lambda n, p, b: ("reset",) if _later_page(p, b) else None, "ConnectionError"),
+    (
+        "truncated",
+        lambda n, p, b: ("truncate",) if _later_page(p, b) else None,
+        "truncated or non-JSON response",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "fault", "problem"), PERSISTENT, ids=[p[0] for p in PERSISTENT])
+def test_persistent_fault_mid_pagination_fails_clearly_and_writes_nothing(
+    server, seeded, run_cli, name, fault, problem
+):
+    db, config = seeded
+    before = counts(db)
+    with FaultProxy(server["url"], fault) as proxy:
+        code, out, err = run_cli(
+            "--db",
+            str(db),
+            "--config",
+            str(config),
+            "ingest",
+            "mlflow",
+            "--tracking-uri",
+            proxy.url,
+        )
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    assert f"runs/search still failing after 3 attempts ({problem})" in err
+    assert "nothing was written" in err
+    assert proxy.faults_served == 3  # the first try and two retries, then it gave up
+    assert counts(db) == before
+
+
+TRANSIENT = [
+    ("5xx", ("status", 502)),
+    ("429", ("status", 429)),
+    ("slow", ("slow", 2.5)),
+    ("reset", ("reset",)),
+    ("truncated", ("truncate",)),
+]
+
+
+@pytest.mark.parametrize(("name", "fault"), TRANSIENT, ids=[t[0] for t in TRANSIENT])
+def test_transient_fault_is_retried_and_the_import_is_complete(
+    server, seeded, run_cli, tmp_path, name, fault
+):
+    db, config = seeded
+    direct = tmp_path / "direct.duckdb"
+    code, _, err = run_cli(
+        "--db",
+        str(direct),
+        "--config",
+        str(config),
+        "ingest",
+        "mlflow",
+        "--tracking-uri",
+        server["url"],
+    )
+    assert code == 0, err
+    faulted: set[int] = set()
+
+    def once_per_later_page(n, path, body):
+        if _later_page(path, body) and not faulted:
+            faulted.add(n)
+            return fault
+        return None
+
+    before = counts(db)
+    with FaultProxy(server["url"], once_per_later_page) as proxy:
+        code, _out, err = run_cli(
+            "--db",
+            str(db),
+            "--config",
+            str(config),
+            "ingest",
+            "mlflow",
+            "--tracking-uri",
+            proxy.url,
+        )
+    assert code == 0, err
+    assert proxy.faults_served == 1
+    after, reference = counts(db), counts(direct)
+    assert after["runs"] - before["runs"] == reference["runs"]
+    assert after["metrics"] - before["metrics"] == reference["metrics"]
+    assert after["import_log"] == before["import_log"] + 1
+
+
+def test_dead_page_token_is_a_clear_error_not_a_partial_import(server, seeded, run_cli):
+    db, config = seeded
+    before = counts(db)
+    with FaultProxy(
+        server["url"], lambda n, p, b: ("dead_token",) if _is_runs_page(p, b) else None
+    ) as proxy:
+        code, out, err = run_cli(
+            "--db",
+            str(db),
+            "--config",
+            str(config),
+            "ingest",
+            "mlflow",
+            "--tracking-uri",
+            proxy.url,
+        )
+    assert code == 2, (out, err)
+    assert "runs/search failed with HTTP 400 INVALID_PARAMETER_VALUE: Invalid page token" in err
+    assert "Traceback" not in err
+    assert counts(db) == before
+    # the first page was served: the failure really came mid-pagination
+    assert sum("runs/search" in path for _, path in proxy.requests) == 2
+
+
+def test_server_gone_for_good_is_exit_2(seeded, run_cli):
+    db, config = seeded
+    before = counts(db)
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, _, err = run_cli(
+        "--db",
+        str(db),
+        "--config",
+        str(config),
+        "ingest",
+        "mlflow",
+        "--tracking-uri",
+        f"http://127.0.0.1:{port}",
+    )
+    assert code == 2
+    assert "still failing after 3 attempts (ConnectionError)" in err
+    assert counts(db) == before
