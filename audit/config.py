@@ -7,13 +7,14 @@ type and default, and an unknown key is an error that lists the valid ones.
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from audit.errors import InputError
+from audit.errors import InputError, utf8_problem
 
 DEFAULT_CONFIG_NAME = "audit.toml"
 
@@ -133,7 +134,7 @@ def defaults() -> dict[str, dict[str, Any]]:
     return values
 
 
-def _merge_rules(values: dict, table: Any, path: Path) -> None:
+def _merge_rules(values: dict, table: Any, path: _Locator) -> None:
     if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
         raise InputError(
             f"config {path}: [rules] holds one table per rule code, e.g. [rules.OVP001]"
@@ -144,7 +145,7 @@ def _merge_rules(values: dict, table: Any, path: Path) -> None:
         values["rules"][code] = validate_rule_settings(code, settings, f"config {path}")
 
 
-def _suppressions(table: Any, path: Path) -> list[dict[str, str]]:
+def _suppressions(table: Any, path: _Locator) -> list[dict[str, str]]:
     if not isinstance(table, list):
         raise InputError(
             f"config {path}: suppressions are written [[suppress]] with rule, subject, reason"
@@ -179,19 +180,60 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config(values=values)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except IsADirectoryError:
         raise InputError(f"config {path}: is a directory, expected a TOML file") from None
     except FileNotFoundError:
         raise InputError(f"config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"config {path}: cannot read ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"config {path}: cannot read ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"config {utf8_problem(path, raw, exc)}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"config {path}: invalid TOML: {exc}") from None
-    _merge(values, data, path)
+        raise InputError(f"config {_toml_problem(path, text, exc)}") from None
+    _merge(values, data, _Locator(path, text))
     return Config(values=values, path=path, raw_text=text)
+
+
+def _toml_problem(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> str:
+    message = str(exc)
+    at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    if at:
+        return f"{path}:{at[1]}:{at[2]}: invalid TOML: {message[: at.start()]}"
+    if message.endswith("(at end of document)"):
+        line = text.count("\n") + (0 if text.endswith("\n") else 1)
+        return f"{path}:{max(line, 1)}: invalid TOML: {message[: -len(' (at end of document)')]} at the end"
+    return f"{path}: invalid TOML: {message}"
+
+
+class _Locator:
+    """Prints as the config path; ``at(section, key)`` adds the line that sets it."""
+
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        self.lines = text.splitlines()
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def at(self, section: str, key: str | None = None) -> str:
+        header = re.compile(r"^\s*\[+\s*" + re.escape(section) + r"\s*\]+")
+        setting = re.compile(r"^\s*[\"']?" + re.escape(key or "") + r"[\"']?\s*=")
+        in_section = False
+        for number, line in enumerate(self.lines, start=1):
+            if header.match(line):
+                if key is None:
+                    return f"{self.path}:{number}"
+                in_section = True
+            elif line.lstrip().startswith("["):
+                in_section = False
+            elif in_section and key is not None and setting.match(line):
+                return f"{self.path}:{number}"
+        return str(self.path)
 
 
 # Tables whose keys are validated by their consumers: [rules.CODE] by each rule's
@@ -199,7 +241,7 @@ def load_config(path: Path | None) -> Config:
 FREE_SECTIONS = ("rules", "suppress")
 
 
-def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: Path) -> None:
+def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locator) -> None:
     values["rules"] = {}
     values["suppress"] = []
     for section, table in data.items():
@@ -211,21 +253,25 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: Path) 
             continue
         if section not in SCHEMA:
             valid = ", ".join(sorted([*SCHEMA, *FREE_SECTIONS]))
-            raise InputError(f"config {path}: unknown section [{section}]; valid sections: {valid}")
+            raise InputError(
+                f"config {path.at(section)}: unknown section [{section}]; valid sections: {valid}"
+            )
         if not isinstance(table, dict):
-            raise InputError(f"config {path}: [{section}] must be a table")
+            raise InputError(f"config {path.at(section)}: [{section}] must be a table")
         for key, value in table.items():
             spec = SCHEMA[section].get(key)
             if spec is None:
                 valid = ", ".join(sorted(SCHEMA[section]))
                 raise InputError(
-                    f"config {path}: unknown key '{key}' in [{section}]; valid keys: {valid}"
+                    f"config {path.at(section, key)}: unknown key '{key}' in [{section}]; "
+                    f"valid keys: {valid}"
                 )
             types, _default = spec
             if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
                 wanted = " or ".join(t.__name__ for t in types)
                 raise InputError(
-                    f"config {path}: [{section}] {key} must be {wanted}, got {value!r}"
+                    f"config {path.at(section, key)}: [{section}] {key} must be {wanted}, "
+                    f"got {value!r}"
                 )
             if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                 raise InputError(f"config {path}: [{section}] {key} must be a list of strings")
@@ -248,6 +294,6 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: Path) 
     except (ZoneInfoNotFoundError, ValueError):
         tz = values["cluster"]["timezone"]
         raise InputError(
-            f"config {path}: [cluster] timezone {tz!r} is not an IANA time zone "
+            f"config {path.at('cluster', 'timezone')}: [cluster] timezone {tz!r} is not an IANA time zone "
             "(e.g. 'UTC', 'Europe/Amsterdam')"
         ) from None

@@ -20,3 +20,13 @@ class SourceUnavailable(AuditError):
 
 class WarehouseError(AuditError):
     """The warehouse file is missing, locked, damaged or of an unknown version."""
+
+
+def utf8_problem(path, data: bytes, exc: UnicodeDecodeError) -> str:
+    """'<path>:<line>: invalid UTF-8 (byte 0xff at column 3)' for a failed decode of ``data``."""
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    byte = data[exc.start : exc.start + 1].hex()
+    return (
+        f"{path}:{line}: invalid UTF-8 (byte 0x{byte} at column {column}); save the file as UTF-8"
+    )

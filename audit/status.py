@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from audit.warehouse import SCHEMA_VERSION, Warehouse
+from audit.warehouse.intervals import allocation_hours, sample_hour
 
 
 def warehouse_status(wh: Warehouse) -> dict:
@@ -54,21 +55,23 @@ def warehouse_status(wh: Warehouse) -> dict:
 # A telemetry sample belongs to a job when its host and time fall inside exactly one job's
 # allocation on that host, or a DCGM hpc_job label names the job. The GPUs of a host share
 # the answer at each instant, so instants are judged once (8x fewer rows to range-join).
-SAMPLE_ATTACHMENT_SQL = """
+SAMPLE_ATTACHMENT_SQL = f"""
 WITH instants AS (
     SELECT host, ts, job_label, count(*) AS samples FROM gpu_samples GROUP BY ALL
+),
+holders AS (
+    SELECT i.host, i.ts, count(DISTINCT (a.cluster, a.job_id)) AS jobs
+    FROM instants i JOIN {allocation_hours()} a
+      ON a.host = i.host AND a.hour = {sample_hour("i.ts")} AND i.ts >= a.lo AND i.ts < a.hi
+    GROUP BY i.host, i.ts
 )
-SELECT i.host, i.ts, any_value(i.samples) AS samples,
+SELECT i.host, i.ts, i.samples,
        CASE WHEN i.job_label IS NOT NULL AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = i.job_label)
             THEN 'attached'
-            WHEN count(j.job_id) = 1 THEN 'attached'
-            WHEN count(j.job_id) > 1 THEN 'ambiguous'
+            WHEN h.jobs = 1 THEN 'attached'
+            WHEN h.jobs > 1 THEN 'ambiguous'
             ELSE 'unattached' END AS attachment
-FROM instants i
-LEFT JOIN job_nodes n ON n.host = i.host
-LEFT JOIN jobs j ON j.cluster = n.cluster AND j.job_id = n.job_id
-     AND i.ts >= j.start_time AND i.ts < coalesce(j.end_time, TIMESTAMP '9999-12-31')
-GROUP BY i.host, i.ts, i.job_label
+FROM instants i LEFT JOIN holders h ON h.host = i.host AND h.ts = i.ts
 """
 
 
@@ -90,16 +93,15 @@ def _cluster_status(wh: Warehouse) -> dict:
         "SELECT count(*), coalesce(sum(bytes), 0) FROM checkpoints"
     ).fetchall()[0]
     coverage = wh.con.execute(
-        """
+        f"""
         SELECT
           (SELECT count(*) FROM runs),
           (SELECT count(DISTINCT (source_id, run_id)) FROM run_jobs),
           (SELECT count(*) FROM jobs WHERE gpus > 0),
-          (SELECT count(*) FROM jobs j WHERE gpus > 0 AND EXISTS (
-              SELECT 1 FROM job_nodes n
-              JOIN (SELECT DISTINCT host, ts FROM gpu_samples) s ON s.host = n.host
-              WHERE n.cluster = j.cluster AND n.job_id = j.job_id
-                AND s.ts >= j.start_time AND s.ts < coalesce(j.end_time, TIMESTAMP '9999-12-31'))),
+          (SELECT count(DISTINCT (a.cluster, a.job_id))
+           FROM (SELECT DISTINCT host, ts FROM gpu_samples) s
+           JOIN {allocation_hours("j.gpus > 0")} a
+             ON a.host = s.host AND a.hour = {sample_hour("s.ts")} AND s.ts >= a.lo AND s.ts < a.hi),
           (SELECT count(*) FROM checkpoints),
           (SELECT count(DISTINCT path) FROM checkpoint_runs)
         """

@@ -168,15 +168,19 @@ def _make_sacct(data: DataSet) -> None:
     def iso(ms: int) -> str:
         return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
+    placer = _Placer(data.size.hosts)
     with open(data.sacct, "w") as out:
         out.write(SACCT_HEADER + "\n")
         for i, run in enumerate(_runs(data)):
             gpus = int(run.params["num_gpus"])
-            host = host_name(i % data.size.hosts)
+            host = placer.place(run.start_ms, run.end_ms, gpus)
             state = "FAILED" if run.status == "FAILED" else "COMPLETED"
             elapsed = (run.end_ms - run.start_ms) // 1000
             tres = f"billing={12 * gpus},cpu={12 * gpus},gres/gpu={gpus},mem={96 * gpus}G,node=1"
             job = run.tags["slurm_job_id"]
+            # limits as people set them: the expected time plus a margin; every 50th job
+            # asks for ten times what it needs (the over-request OVP004 is about)
+            limit = (elapsed // 60) * (10 if i % 50 == 0 else 3) // 2 + 30
             fields = [job, run.name, run.user, run.tags["team"], "gpu", state]
             times = [iso(run.start_ms - 60_000), iso(run.start_ms), iso(run.end_ms)]
             out.write(
@@ -185,7 +189,7 @@ def _make_sacct(data: DataSet) -> None:
                         *fields,
                         *times,
                         str(elapsed),
-                        "1440",
+                        str(limit),
                         "1",
                         str(12 * gpus),
                         host,
@@ -218,6 +222,27 @@ def _make_sacct(data: DataSet) -> None:
                 )
                 + "\n"
             )
+
+
+class _Placer:
+    """First fit of single-node jobs onto H hosts of 8 GPUs, as a scheduler would place them.
+
+    The synthetic history asks for more GPUs than the hosts have; jobs that fit nowhere run
+    on overflow hosts that send no telemetry (a partition without monitoring).
+    """
+
+    def __init__(self, hosts: int):
+        self.running: list[list[tuple[int, int]]] = [[] for _ in range(hosts)]
+        self.overflow = 0
+
+    def place(self, start: int, end: int, gpus: int) -> str:
+        for index, jobs in enumerate(self.running):
+            jobs[:] = [(e, g) for e, g in jobs if e > start]
+            if sum(g for _, g in jobs) + gpus <= 8:
+                jobs.append((end, gpus))
+                return host_name(index)
+        self.overflow += 1
+        return f"gpu-x{self.overflow % 1000:03d}"
 
 
 def _make_checkpoints(data: DataSet) -> None:

@@ -11,6 +11,7 @@ from datetime import datetime
 import polars as pl
 
 from audit.engine import RuleContext
+from audit.warehouse.intervals import sample_hour, window_hours
 
 HOUR = 3600.0
 
@@ -132,12 +133,12 @@ def gpu_usage(ctx: RuleContext, windows: list[dict]) -> dict[str, Usage]:
     ctx.con.register("audit_windows", frame)
     try:
         per_gpu = ctx.rows(
-            """
+            f"""
             SELECT w.key, s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
                    max(s.mem_total_mib) AS mem_total, count(*) AS samples, any_value(s.model) AS model
-            FROM audit_windows w
-            JOIN job_nodes n ON n.cluster = w.cluster AND n.job_id = w.job_id
-            JOIN gpu_samples s ON s.host = n.host AND s.ts >= w.start AND s.ts < w."end"
+            FROM {window_hours("audit_windows")} w
+            JOIN gpu_samples s ON s.host = w.host AND {sample_hour("s.ts")} = w.hour
+                 AND s.ts >= w.lo AND s.ts < w.hi
             GROUP BY ALL ORDER BY w.key, s.host, s.gpu
             """
         )

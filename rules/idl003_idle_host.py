@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.warehouse.intervals import allocation_hours, sample_hour
 
 
 class IdleHost(Rule):
@@ -52,15 +53,18 @@ class IdleHost(Rule):
         condition, params = ctx.in_window("s.ts")
         spans = ctx.rows(
             f"""
-            WITH times AS (
-                SELECT s.host, s.ts, count(DISTINCT s.gpu) AS gpus, any_value(s.model) AS model,
-                       bool_or(j.job_id IS NOT NULL) AS busy
-                FROM gpu_samples s
-                LEFT JOIN job_nodes n ON n.host = s.host
-                LEFT JOIN jobs j ON j.cluster = n.cluster AND j.job_id = n.job_id
-                     AND s.ts >= j.start_time AND s.ts < coalesce(j.end_time, TIMESTAMP '9999-12-31')
-                WHERE {condition}
-                GROUP BY s.host, s.ts
+            WITH instants AS (
+                SELECT s.host, s.ts, count(DISTINCT s.gpu) AS gpus, any_value(s.model) AS model
+                FROM gpu_samples s WHERE {condition} GROUP BY s.host, s.ts
+            ),
+            covered AS (
+                SELECT DISTINCT i.host, i.ts
+                FROM instants i JOIN {allocation_hours()} a
+                  ON a.host = i.host AND a.hour = {sample_hour("i.ts")} AND i.ts >= a.lo AND i.ts < a.hi
+            ),
+            times AS (
+                SELECT i.*, c.host IS NOT NULL AS busy
+                FROM instants i LEFT JOIN covered c ON c.host = i.host AND c.ts = i.ts
             ),
             marked AS (
                 SELECT *, CASE WHEN busy OR lag(busy) OVER w OR lag(ts) OVER w IS NULL

@@ -6,12 +6,14 @@ import tempfile
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.errors import InputError
 from audit.importers.slurm import read_sacct
 from audit.importers.telemetry import read_telemetry
+from audit.query.filter import FilterError
 
 UTC = ZoneInfo("UTC")
 SACCT_HEADER = "JobID|JobName|User|State|Start|End|ElapsedRaw|TimelimitRaw|NodeList|AllocTRES|TRESUsageInMax|ReqMem"
@@ -68,3 +70,100 @@ def test_mangled_nvidia_smi(lines, header):
         assert str(path) in str(exc)
     finally:
         path.unlink()
+
+
+DCGM_LINE = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",modelName="NVIDIA H100",Hostname="gpu-h01"} 97 1794787200000'
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(mangle(DCGM_LINE), min_size=1, max_size=4))
+def test_mangled_dcgm_exposition(lines):
+    path = _write("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n" + "\n".join(lines) + "\n")
+    try:
+        parsed = read_telemetry(path, UTC, host="n1")
+        assert parsed.samples.height <= len(lines)
+    except InputError as exc:
+        assert str(path) in str(exc)
+    finally:
+        path.unlink()
+
+
+FILTER_TOKENS = [
+    "params.lr",
+    "params.`a b`",
+    "metrics.loss",
+    "tags.team",
+    "attributes.status",
+    "run_name",
+    "=",
+    "!=",
+    "<",
+    ">=",
+    "like",
+    "ilike",
+    "in",
+    "not",
+    "is",
+    "null",
+    "and",
+    "or",
+    "(",
+    ")",
+    ",",
+    "'x'",
+    "'1e-5'",
+    "0.5",
+    "-1",
+    "1e400",
+    "'",
+    "`",
+    '"',
+    ";",
+    "--",
+    "/*",
+    "\\",
+    "\x00",
+    "select",
+    "read_csv('/etc/passwd')",
+    "'%'",
+    "☃",
+]
+
+
+@pytest.fixture(scope="module")
+def small_registry(tmp_path_factory):
+    from click.testing import CliRunner
+
+    from audit import Registry
+    from audit.cli import cli
+    from tests.helpers import REPO
+
+    db = tmp_path_factory.mktemp("fuzz") / "w.duckdb"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--db",
+            str(db),
+            "ingest",
+            "mlflow",
+            "--tracking-uri",
+            str(REPO / "sample_logs" / "mlruns"),
+        ],
+    )
+    assert result.exit_code == 0, result.stderr
+    return Registry(db)
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    tokens=st.lists(st.sampled_from(FILTER_TOKENS), max_size=12),
+    noise=st.text(max_size=6),
+)
+def test_fuzzed_filters_answer_or_say_where_they_fail(small_registry, tokens, noise):
+    text = " ".join(tokens) + noise
+    try:
+        small_registry.search(text, limit=5)
+    except FilterError as exc:
+        assert str(exc).startswith("invalid filter")

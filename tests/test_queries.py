@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import duckdb
 import mlflow
@@ -135,6 +136,12 @@ def test_malformed_filters_point_at_the_token(filter_text, position, run_cli, re
         "tags.team = 'coder' /* comment */",
         "params.lr = 1; select 1",
         "tags.team = 'a'' or ''1''=''1'",
+        "params.lr = 1 or read_csv('/etc/passwd') is not null",
+        "params.`x\" from read_text('/etc/passwd') --` = 1",
+        "tags.team = '\\'; copy runs to '/tmp/audit-leak.csv'",
+        "params.lr in (select 1)",
+        "params.lr = 1 union select * from runs",
+        "attributes.status = 'x' or attributes.status in (select status from runs)",
     ],
 )
 def test_injection_is_a_parse_error_or_literal(attack, reference_db):
@@ -243,12 +250,32 @@ def test_compare(demo_db, run_cli):
         "select * from runs; delete from runs",
         "set enable_external_access = true",
         "create table t as select 1",
+        "select * from '/etc/passwd'",
+        "select * from read_text('/etc/hostname')",
+        "select * from read_parquet('/tmp/*.parquet')",
+        "select * from glob('/etc/*')",
+        "select * from read_json_auto('/etc/os-release')",
+        "load httpfs",
+        "export database '/tmp/audit-export'",
+        "checkpoint",
+        "create macro evil(x) as x",
+        "pragma database_size",
+        "call pragma_table_info('runs')",
+        "detach memory",
+        "use memory",
+        "reset lock_configuration",
+        "set disabled_filesystems = ''",
+        "with x as (delete from runs returning *) select * from x",
+        "update runs set status = 'X'",
+        "select 1 union all select * from read_csv('/etc/passwd')",
     ],
 )
-def test_sql_is_read_only_and_sandboxed(statement, demo_db, run_cli):
+def test_sql_is_read_only_and_sandboxed(statement, demo_db, run_cli, tmp_path):
     code, out, err = run_cli("--db", str(demo_db["db"]), "sql", statement)
     assert code == 2, out
     assert "Traceback" not in err
+    assert "root:" not in out  # nothing of /etc/passwd
+    assert not Path("/tmp/audit-leak.csv").exists() and not Path("/tmp/audit-export").exists()
     con = duckdb.connect(str(demo_db["db"]), read_only=True)
     assert con.execute("SELECT count(*) FROM runs").fetchall() == [(16,)]
     con.close()

@@ -10,6 +10,7 @@ apply leaves a manifest of the entries done so far.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +32,9 @@ class Measure:
     bytes: int
     mtime_ns: int
     is_dir: bool
+    # every entry's name, size and time: a file put back with an older time or swapped
+    # for another of the same size changes this, not the newest time or the total
+    fingerprint: str
 
 
 def measure(path: Path) -> Measure | None:
@@ -41,18 +45,24 @@ def measure(path: Path) -> Measure | None:
         return None
     if stat.S_ISLNK(info.st_mode):
         return None
+    digest = hashlib.sha256()
     if not stat.S_ISDIR(info.st_mode):
-        return Measure(info.st_size, info.st_mtime_ns, False)
+        digest.update(f"{info.st_size}:{info.st_mtime_ns}:{info.st_ino}".encode())
+        return Measure(info.st_size, info.st_mtime_ns, False, digest.hexdigest())
     total, newest = 0, info.st_mtime_ns
     for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
-        for name in filenames:
-            entry = os.lstat(os.path.join(dirpath, name))
-            if stat.S_ISREG(entry.st_mode):
+        dirnames.sort()
+        for name in sorted(filenames) + dirnames:
+            full = os.path.join(dirpath, name)
+            entry = os.lstat(full)
+            if stat.S_ISREG(entry.st_mode) and name in filenames:
                 total += entry.st_size
             newest = max(newest, entry.st_mtime_ns)
-        for name in dirnames:
-            newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime_ns)
-    return Measure(total, newest, True)
+            relative = os.path.relpath(full, path)
+            digest.update(
+                f"{relative}\0{entry.st_mode}:{entry.st_size}:{entry.st_mtime_ns}:{entry.st_ino}\n".encode()
+            )
+    return Measure(total, newest, True, digest.hexdigest())
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -91,6 +101,7 @@ def make_plan(db: Path, config: Config) -> dict:
                             "root": str(root),
                             "bytes": now.bytes,
                             "mtime_ns": now.mtime_ns,
+                            "fingerprint": now.fingerprint,
                             "is_dir": now.is_dir,
                             "rule": finding.rule,
                             "run_id": finding.subject.get("run_id") or runs.get(str(path)),
@@ -141,6 +152,8 @@ def apply_plan(plan_path: Path, db: Path, manifest_path: Path) -> dict:
             manifest.write(json.dumps(outcome) + "\n")
             manifest.flush()
             os.fsync(manifest.fileno())
+    if not done:
+        return {"deleted": 0, "skipped": 0, "freed_bytes": 0, "outcomes": []}
     with open_warehouse(db) as wh, wh.transaction() as con:
         applied_at = datetime.now(UTC).replace(tzinfo=None)
         con.executemany(
@@ -192,7 +205,11 @@ def _apply_one(entry: dict, roots: set[str]) -> dict:
     now = measure(path)
     if now is None:
         return skip("no longer exists")
-    if now.bytes != entry["bytes"] or now.mtime_ns != entry["mtime_ns"]:
+    if (
+        now.bytes != entry["bytes"]
+        or now.mtime_ns != entry["mtime_ns"]
+        or now.fingerprint != entry.get("fingerprint", now.fingerprint)
+    ):
         return skip(f"changed since planning ({now.bytes} bytes now, {entry['bytes']} planned)")
     errors: list[str] = []
     try:

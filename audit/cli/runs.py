@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 import polars as pl
 
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import table
+from audit.cli.output import safe, table
 
 FORMAT = click.option(
     "--format",
@@ -31,7 +32,13 @@ def emit(frame: pl.DataFrame, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(frame.to_dicts(), indent=2, default=str))
     elif fmt == "csv":
-        click.echo(_flat(frame).write_csv(), nl=False)
+        text = _flat(frame).write_csv()
+        # A terminal gets escapes shown, not obeyed; a file or a pipe gets the values exactly
+        # (color=True stops click from stripping what looks like ANSI codes out of data).
+        if sys.stdout.isatty():
+            click.echo(safe(text), nl=False)
+        else:
+            click.echo(text, nl=False, color=True)
     elif frame.is_empty():
         click.echo("no runs match")
     else:

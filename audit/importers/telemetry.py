@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 import polars as pl
 
-from audit.errors import InputError
+from audit.errors import InputError, utf8_problem
 
 SAMPLE_SCHEMA = {
     "host": pl.String,
@@ -102,6 +102,14 @@ def _head(path: Path) -> bytes:
             return fh.read(65536)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _decoded(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(utf8_problem(path, data, exc)) from None
 
 
 # -- nvidia-smi ----------------------------------------------------------------------------
@@ -255,6 +263,7 @@ def _validated_table(
             truncate_ragged_lines=True,
         )["line"]
     except pl.exceptions.ComputeError as exc:
+        _decoded(path)  # names the line of an encoding error
         raise InputError(f"{path}: cannot read as text ({str(exc).splitlines()[0]})") from None
     body = lines.slice(first).to_frame().with_row_index("line_no", offset=first + 1)
     body = body.filter(pl.col("line").str.strip_chars() != "")
@@ -328,10 +337,7 @@ def _column_name(raw: str) -> str:
 def _read_exposition(
     path: Path, host: str | None, skip_bad: bool, at: datetime | None
 ) -> TelemetryFile:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: invalid UTF-8 at byte {exc.start}") from None
+    text = _decoded(path)
     default_ts = at or datetime.fromtimestamp(os.path.getmtime(path), UTC).replace(tzinfo=None)
     rows: dict[tuple, dict] = {}
     skipped: list[str] = []
@@ -353,17 +359,23 @@ def _read_exposition(
             continue  # other exporters' series, and dummy series without a GPU
         try:
             value = float(value_text)
+            ts = (
+                datetime.fromtimestamp(int(ts_text) / 1000, UTC).replace(tzinfo=None)
+                if ts_text
+                else default_ts
+            )
         except ValueError:
             message = f"{path}:{number}: value {value_text[:40]!r} is not a number"
             if not skip_bad:
                 raise InputError(message) from None
             skipped.append(message)
             continue
-        ts = (
-            datetime.fromtimestamp(int(ts_text) / 1000, UTC).replace(tzinfo=None)
-            if ts_text
-            else default_ts
-        )
+        except (OverflowError, OSError):
+            message = f"{path}:{number}: timestamp {ts_text[:40]} ms is out of range"
+            if not skip_bad:
+                raise InputError(message) from None
+            skipped.append(message)
+            continue
         _add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "dcgm")
     return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped)
 
@@ -434,9 +446,9 @@ def _dcgm_frame(rows: dict) -> pl.DataFrame:
 # -- Prometheus query_range JSON -----------------------------------------------------------
 def _read_prometheus_json(path: Path, host: str | None) -> TelemetryFile:
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: invalid JSON ({exc})") from None
+        document = json.loads(_decoded(path))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
     data = document.get("data") if isinstance(document, dict) else None
     if not isinstance(data, dict) or data.get("resultType") not in ("matrix", "vector"):
         raise InputError(

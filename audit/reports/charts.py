@@ -42,8 +42,12 @@ def _svg(fig, title: str, alt: str) -> Chart:
     text = buffer.getvalue()
     text = text[text.index("<svg") :]
     text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # RDF boilerplate
-    text = re.sub(r"<svg ", '<svg role="img" aria-label="' + _attr(alt) + '" ', text, count=1)
-    text = re.sub(r"(<svg[^>]*>)", r"\1<title>" + _text(title) + "</title>", text, count=1)
+    # replacement functions: names in titles are data, never regex templates ("\x" in a name)
+    label = '<svg role="img" aria-label="' + _attr(alt) + '" '
+    text = re.sub(r"<svg ", lambda _: label, text, count=1)
+    text = re.sub(
+        r"(<svg[^>]*>)", lambda m: m[1] + "<title>" + _text(title) + "</title>", text, count=1
+    )
     return Chart(title=title, alt=alt, svg=text)
 
 

@@ -1,0 +1,189 @@
+"""Property test of ``audit prune``: random checkpoint trees with symlinks, hard links,
+races between plan and apply, and files that refuse deletion.
+
+Whatever the tree, applying a plan deletes nothing outside the plan or outside the
+checkpoint roots, never a run's best, last or registered checkpoint, and never an entry
+that changed after planning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from audit.cli import cli
+
+
+def _chattr_works() -> bool:
+    """Root ignores permissions; an immutable file is how root meets a refusing file."""
+    if shutil.which("chattr") is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe"
+        probe.write_text("x")
+        ok = subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["chattr", "-i", str(probe)], check=True)
+        return ok
+
+
+CHATTR = _chattr_works()
+
+run_shape = st.fixed_dictionaries(
+    {
+        "steps": st.integers(min_value=2, max_value=6),
+        "best": st.one_of(st.none(), st.integers(min_value=0, max_value=5)),
+        "registered": st.one_of(st.none(), st.integers(min_value=0, max_value=5)),
+        "symlink_file_out": st.booleans(),  # a file in a checkpoint links to an outside file
+        "symlink_dir_out": st.booleans(),  # a checkpoint-N folder that is a link outside
+        "hard_link_out": st.booleans(),  # a weight file hard-linked to an outside file
+        "refusing_file": st.booleans(),  # a file that cannot be deleted
+    }
+)
+race = st.sampled_from(["none", "grow", "delete", "new_file", "swap_for_symlink", "touch"])
+
+
+def _checkpoint(folder: Path, step: int, best: Path | None, size: int) -> None:
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * size)
+    state = {"global_step": step, "best_model_checkpoint": str(best) if best else None}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (not following links) with a digest of its content."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                out[str(path)] = "link:" + os.readlink(path)
+            elif path.is_file():
+                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                out[str(path)] = "dir"
+    return out
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@settings(
+    max_examples=int(os.environ.get("AUDIT_PRUNE_EXAMPLES", "8")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(runs=st.lists(run_shape, min_size=1, max_size=3), races=st.lists(race, max_size=4))
+def test_prune_never_deletes_what_it_must_not(runs, races):
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+
+    tmp = Path(tempfile.mkdtemp(prefix="prune-prop-"))
+    refusing: list[Path] = []
+    try:
+        root, outside = tmp / "scratch", tmp / "outside"
+        outside.mkdir()
+        (outside / "precious.bin").write_bytes(b"p" * 700)
+        (outside / "dir").mkdir()
+        (outside / "dir" / "keep.bin").write_bytes(b"k" * 300)
+        client = MlflowClient(tracking_uri=(tmp / "mlruns").as_uri())
+        experiment = client.create_experiment("e")
+        protected: set[Path] = set()
+        for index, shape in enumerate(runs):
+            run_dir = root / f"run-{index}"
+            steps = [100 * (i + 1) for i in range(shape["steps"])]
+            best = (
+                run_dir / f"checkpoint-{steps[min(shape['best'], len(steps) - 1)]}"
+                if shape["best"] is not None
+                else None
+            )
+            for step in steps:
+                _checkpoint(run_dir / f"checkpoint-{step}", step, best, 1000 + step + index)
+            protected.add(run_dir / f"checkpoint-{steps[-1]}")  # the last
+            if best is not None:
+                protected.add(best)
+            first = run_dir / f"checkpoint-{steps[0]}"
+            if shape["symlink_file_out"]:
+                (first / "escape.bin").symlink_to(outside / "precious.bin")
+            if shape["symlink_dir_out"]:
+                (run_dir / "checkpoint-99999").symlink_to(outside / "dir", target_is_directory=True)
+            if shape["hard_link_out"]:
+                os.link(outside / "precious.bin", first / "shared.bin")
+            if shape["refusing_file"] and CHATTR:
+                stuck = first / "stuck.bin"
+                stuck.write_bytes(b"s" * 10)
+                subprocess.run(["chattr", "+i", str(stuck)], check=True)
+                refusing.append(stuck)
+            run = client.create_run(experiment, run_name=f"r{index}")
+            client.log_batch(run.info.run_id, params=[Param("output_dir", str(run_dir))])
+            client.set_terminated(run.info.run_id)
+            if shape["registered"] is not None:
+                source = run_dir / f"checkpoint-{steps[min(shape['registered'], len(steps) - 1)]}"
+                name = f"model-{index}"
+                client.create_registered_model(name)
+                client.create_model_version(name, str(source), run_id=run.info.run_id)
+                protected.add(source)
+        db, config = tmp / "w.duckdb", tmp / "audit.toml"
+        config.write_text("[rules.CKP001]\nmin_reclaimable_gb = 0\n")
+        base = ["--db", str(db), "--config", str(config)]
+        assert _cli(*base, "ingest", "mlflow", "--tracking-uri", str(tmp / "mlruns"))[0] == 0
+        assert _cli(*base, "ingest", "checkpoints", str(root))[0] == 0
+        plan_file = tmp / "plan.json"
+        code, _, err = _cli(*base, "prune", "--plan", str(plan_file))
+        assert code == 0, err
+        planned = {Path(e["path"]) for e in json.loads(plan_file.read_text())["entries"]}
+        assert not planned & protected, "a best, last or registered checkpoint was planned"
+        assert all(root in p.parents for p in planned)
+
+        # races: the tree changes between plan and apply
+        changed: set[Path] = set()
+        for number, kind in enumerate(races):
+            if not planned or kind == "none":
+                continue
+            target = sorted(planned)[number % len(planned)]
+            if not target.exists() or target.is_symlink():
+                continue
+            changed.add(target)
+            if kind == "grow":
+                with open(target / "model.safetensors", "ab") as fh:
+                    fh.write(b"more")
+            elif kind == "delete":
+                shutil.rmtree(target, ignore_errors=True)
+            elif kind == "new_file":
+                (target / "late.bin").write_bytes(b"late")
+            elif kind == "touch":
+                os.utime(target / "trainer_state.json", ns=(1, 1))
+            elif kind == "swap_for_symlink":
+                shutil.rmtree(target, ignore_errors=True)
+                if not target.exists():  # an undeletable file keeps the folder
+                    target.symlink_to(outside / "dir", target_is_directory=True)
+
+        outside_before = _snapshot(outside)
+        tree_before = _snapshot(root)
+        code, _, err = _cli(*base, "prune", "--apply", str(plan_file))
+        assert code == 0, err
+        assert _snapshot(outside) == outside_before, "something outside the roots changed"
+        tree_after = _snapshot(root)
+        for path in tree_before:
+            if path in tree_after:
+                continue
+            owner = next((p for p in planned if Path(path) == p or p in Path(path).parents), None)
+            assert owner is not None, f"{path} was deleted but is in no plan entry"
+            assert owner not in changed, f"{owner} changed after planning and was still deleted"
+        for path in protected:
+            assert path.is_dir(), f"protected checkpoint {path} is gone"
+    finally:
+        for stuck in refusing:
+            subprocess.run(["chattr", "-i", str(stuck)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
