@@ -24,6 +24,8 @@ from fnmatch import fnmatchcase
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
+import polars as pl
+
 from audit.config import Config
 from audit.errors import InputError
 
@@ -469,7 +471,14 @@ def scan(
             for f in r.findings
         ]
         if rows:
-            con.executemany("INSERT INTO findings VALUES (" + ", ".join("?" * 17) + ")", rows)
+            # one columnar insert: executemany costs ~1.5 ms per row (4 min for 150k findings)
+            columns = [c[0] for c in con.execute("SELECT * FROM findings LIMIT 0").description]
+            frame = pl.DataFrame(rows, schema=columns, orient="row", infer_schema_length=None)
+            con.register("incoming_findings", frame)
+            try:
+                con.execute("INSERT INTO findings SELECT * FROM incoming_findings")
+            finally:
+                con.unregister("incoming_findings")
         for r in results:
             con.execute(
                 "INSERT INTO rule_results VALUES (?, ?, ?, ?, ?, ?, ?)",

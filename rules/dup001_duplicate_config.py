@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import polars as pl
+
 from audit.engine import Finding, Rule, RuleContext, Severity, Threshold
 
 from ._common import money, run_facts
@@ -77,6 +79,7 @@ class DuplicateConfig(Rule):
                 facts[(row["source_id"], row["run_id"])]
             )
         condition_since, condition_until = ctx.since, ctx.until
+        pairs: list[tuple[dict, dict]] = []
         for runs in groups.values():
             runs.sort(key=lambda r: (r["start_time"], r["run_id"]))
             for index, run in enumerate(runs):
@@ -98,18 +101,14 @@ class DuplicateConfig(Rule):
                     continue
                 if run["gpu_hours"] < ctx.thresholds["min_gpu_hours"]:
                     continue
-                yield self._finding(ctx, run, earlier, volatile)
+                pairs.append((run, earlier))
+        spelled = _spelled_differently(ctx, pairs)
+        for number, (run, earlier) in enumerate(pairs):
+            yield self._finding(ctx, run, earlier, volatile, spelled.get(number, []))
 
-    def _finding(self, ctx: RuleContext, run: dict, earlier: dict, volatile: list[str]) -> Finding:
-        differences = ctx.rows(
-            """
-            SELECT a.key, a.value AS this_run, b.value AS earlier_run, a.value_norm AS normalised
-            FROM params a JOIN params b ON b.source_id = ? AND b.run_id = ? AND b.key = a.key
-            WHERE a.source_id = ? AND a.run_id = ? AND a.value <> b.value AND a.value_norm = b.value_norm
-            ORDER BY a.key
-            """,
-            [earlier["source_id"], earlier["run_id"], run["source_id"], run["run_id"]],
-        )
+    def _finding(
+        self, ctx: RuleContext, run: dict, earlier: dict, volatile: list[str], differences: list
+    ) -> Finding:
         hours = run["gpu_hours"]
         return self.finding(
             ctx,
@@ -141,3 +140,37 @@ class DuplicateConfig(Rule):
             method=run["method"],
             happened_at=run["start_time"],
         )
+
+
+def _spelled_differently(ctx: RuleContext, pairs: list[tuple[dict, dict]]) -> dict[int, list]:
+    """Per pair, the params whose values differ only in spelling (one query for all pairs)."""
+    if not pairs:
+        return {}
+    frame = pl.DataFrame(
+        [
+            (n, r["source_id"], r["run_id"], e["source_id"], e["run_id"])
+            for n, (r, e) in enumerate(pairs)
+        ],
+        schema=["pair", "source_id", "run_id", "earlier_source_id", "earlier_run_id"],
+        orient="row",
+    )
+    ctx.con.register("audit_pairs", frame)
+    try:
+        rows = ctx.rows(
+            """
+            SELECT p.pair, a.key, a.value AS this_run, b.value AS earlier_run,
+                   a.value_norm AS normalised
+            FROM audit_pairs p
+            JOIN params a ON a.source_id = p.source_id AND a.run_id = p.run_id
+            JOIN params b ON b.source_id = p.earlier_source_id AND b.run_id = p.earlier_run_id
+                 AND b.key = a.key
+            WHERE a.value <> b.value AND a.value_norm = b.value_norm
+            ORDER BY p.pair, a.key
+            """
+        )
+    finally:
+        ctx.con.unregister("audit_pairs")
+    out: dict[int, list] = {}
+    for row in rows:
+        out.setdefault(row.pop("pair"), []).append(row)
+    return out

@@ -15,7 +15,7 @@ class GeneralRegression(Rule):
     `audit.baseline=true` with the same `base_model` param. When the metric history
     crossed the tolerance at a step s while training went on, the GPU-hours after s are
     what an automatic gate would have saved. Runs registered as a model are critical.
-    Runs without a baseline for their base model get an info finding.
+    A base model without a baseline run gets one info finding naming its unjudged runs.
 
     Why it is waste:
     A model that lost general ability is unusable and its training is redone: the
@@ -72,6 +72,7 @@ class GeneralRegression(Rule):
             r["run_id"]
             for r in ctx.rows("SELECT DISTINCT run_id FROM model_versions WHERE run_id IS NOT NULL")
         }
+        without_baseline: dict[str | None, list[dict]] = {}
         for run in facts:
             key = (run["source_id"], run["run_id"])
             if key in flagged or key not in values or run["lifecycle_stage"] != "active":
@@ -82,21 +83,7 @@ class GeneralRegression(Rule):
                 continue
             baseline = baselines.get(run["base_model"])
             if baseline is None:
-                yield self.finding(
-                    ctx,
-                    subject={"run_id": run["run_id"], "run_name": run["name"]},
-                    message=f"run {run['name']!r} has general metrics but no baseline run for base model {run['base_model']!r}",
-                    evidence={
-                        "base_model": run["base_model"],
-                        "baseline_tag": f"{baseline_tag}=true",
-                        "formula": "hint only: no waste figure is claimed",
-                    },
-                    severity=Severity.INFO,
-                    recommendation=f"Evaluate the base model once and tag that run {baseline_tag}=true.",
-                    team=run["team"],
-                    method=run["method"],
-                    happened_at=run["start_time"],
-                )
+                without_baseline.setdefault(run["base_model"], []).append(run)
                 continue
             reference = values.get((baseline["source_id"], baseline["run_id"]), {})
             drops = {
@@ -112,6 +99,32 @@ class GeneralRegression(Rule):
                 continue
             yield self._finding(
                 ctx, run, baseline, reference, drops, tolerance, run["run_id"] in registered
+            )
+        yield from self._missing_baselines(ctx, without_baseline, baseline_tag)
+
+    def _missing_baselines(self, ctx, without_baseline: dict, baseline_tag: str):
+        """One hint per base model, not per run: 100k unjudged runs are one missing eval."""
+        for base_model, runs in sorted(without_baseline.items(), key=lambda kv: str(kv[0])):
+            runs = sorted(runs, key=lambda r: (r["start_time"], r["run_id"]))
+            examples = ", ".join(repr(r["name"]) for r in runs[:3])
+            more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+            yield self.finding(
+                ctx,
+                subject={"base_model": base_model},
+                message=(
+                    f"{len(runs)} run(s) with general metrics have no baseline run for base model "
+                    f"{base_model!r} ({examples}{more}): their regressions cannot be judged"
+                ),
+                evidence={
+                    "base_model": base_model,
+                    "runs": len(runs),
+                    "first_runs": [{"run_id": r["run_id"], "name": r["name"]} for r in runs[:10]],
+                    "baseline_tag": f"{baseline_tag}=true",
+                    "formula": "hint only: no waste figure is claimed",
+                },
+                severity=Severity.INFO,
+                recommendation=f"Evaluate {base_model} once and tag that run {baseline_tag}=true.",
+                happened_at=runs[0]["start_time"],
             )
 
     def _finding(self, ctx, run, baseline, reference, drops, tolerance, registered):

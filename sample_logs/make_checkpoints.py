@@ -33,7 +33,13 @@ def _sparse(path: Path, size: int, mtime: float) -> None:
 
 
 def _checkpoint(
-    folder: Path, gb: float, step: int, best_step: int, saved_at: float, steps: list[int]
+    folder: Path,
+    gb: float,
+    step: int,
+    best_step: int,
+    saved_at: float,
+    steps: list[int],
+    logged_dir: str,
 ) -> None:
     weights = int(gb * GB * 0.4)
     _sparse(folder / "model.safetensors", weights, saved_at)
@@ -41,7 +47,8 @@ def _checkpoint(
     (folder / "config.json").write_text(json.dumps({"model_type": "causal_lm"}) + "\n")
     state = {
         "global_step": step,
-        "best_model_checkpoint": str(folder.parent / f"checkpoint-{best_step}")
+        # as the trainer wrote it on the cluster (the output_dir the run logged)
+        "best_model_checkpoint": f"{logged_dir}/checkpoint-{best_step}"
         if best_step <= step
         else None,
         "best_metric": None,
@@ -67,10 +74,24 @@ def materialise(out: Path) -> None:
         for step in steps:
             saved_at = (WEEK_START_MS + (start_h + hours * step / total_steps) * HOUR_MS) / 1000
             _checkpoint(
-                run_dir / f"checkpoint-{step}", CHECKPOINT_GB[base], step, best, saved_at, steps
+                run_dir / f"checkpoint-{step}",
+                CHECKPOINT_GB[base],
+                step,
+                best,
+                saved_at,
+                steps,
+                f"/scratch/{team}/ckpt/{name}",
             )
     orphan, gb = ORPHAN_CHECKPOINT
-    _checkpoint(out / orphan, gb, 4000, 4000, WEEK_START_MS / 1000 - 60 * 86400, [4000])
+    _checkpoint(
+        out / orphan,
+        gb,
+        4000,
+        4000,
+        WEEK_START_MS / 1000 - 60 * 86400,
+        [4000],
+        f"/scratch/{Path(orphan).parent}",
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def start(db: Path, *args: str, wait: float = 120) -> subprocess.Popen:
 def data(tmp_path_factory):
     """A store large enough that its import holds the warehouse for seconds."""
     root = tmp_path_factory.mktemp("concurrency")
-    return prepare(Size("concurrency", 4_000, 10, 1), root, log=lambda _text: None)
+    return prepare(Size("concurrency", 6_000, 10, 1), root, log=lambda _text: None)
 
 
 def _holding_the_lock(db: Path, first: subprocess.Popen) -> None:
@@ -50,9 +50,11 @@ def _holding_the_lock(db: Path, first: subprocess.Popen) -> None:
     while time.monotonic() < deadline:
         assert first.poll() is None, first.communicate()
         try:
-            duckdb.connect(str(db), read_only=True).close()
-        except duckdb.IOException:
-            return
+            if db.exists():
+                duckdb.connect(str(db), read_only=True).close()
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                return
         time.sleep(0.05)
     raise AssertionError("the first import never took the warehouse")
 
@@ -83,7 +85,7 @@ def test_second_process_waits_with_a_message_then_runs(data, tmp_path, second):
     first = start(db, "ingest", "mlflow", "--tracking-uri", f"sqlite:///{data.base_store}")
     _holding_the_lock(db, first)
     other = start(db, *second)
-    out1, err1 = first.communicate(timeout=300)
+    _out1, err1 = first.communicate(timeout=300)
     out2, err2 = other.communicate(timeout=300)
     assert first.returncode == 0, err1
     assert other.returncode == 0, err2
