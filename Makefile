@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 OUT := out
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint docs sample clean
+.PHONY: demo test lint docs sample bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ docs: $(VENV)/.installed
 sample: $(VENV)/.installed-test
 	$(BIN)/python sample_logs/generate.py
 	$(BIN)/python sample_logs/generate_cluster.py
+
+# Benchmarks of issue 8 (generated data is cached outside the repo, ~/.cache/audit-bench).
+# SIZE=S|M|L; L needs ~20 GB of disk and ~45 min the first time (~25 min after).
+SIZE ?= S
+REPS ?= 5
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m bench --size $(SIZE) --reps $(REPS)
 
 clean:
 	rm -rf $(VENV) $(OUT) build dist *.egg-info

@@ -276,6 +276,14 @@ class RuleContext:
     since: datetime | None
     until: datetime | None
     notes: list[str] = field(default_factory=list)
+    # facts several rules derive the same way (jobs with their GPU usage), computed once
+    # per scan; keyed by the helper and its arguments
+    shared: dict[tuple, Any] = field(default_factory=dict)
+
+    def once(self, key: tuple, compute):
+        if key not in self.shared:
+            self.shared[key] = compute()
+        return self.shared[key]
 
     def rows(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:
         cursor = self.con.execute(sql, params or [])
@@ -361,11 +369,19 @@ def run_rules(
     until: datetime | None = None,
 ) -> list[RuleResult]:
     results = []
+    shared: dict[tuple, Any] = {}
     for rule_class in rules:
         started = time.monotonic()
         thresholds = {k: t.default for k, t in rule_class.thresholds.items()}
         thresholds.update(config.values["rules"].get(rule_class.code, {}))
-        ctx = RuleContext(con=con, config=config, thresholds=thresholds, since=since, until=until)
+        ctx = RuleContext(
+            con=con,
+            config=config,
+            thresholds=thresholds,
+            since=since,
+            until=until,
+            shared=shared,
+        )
         missing = [why for table, why in rule_class.needs.items() if not _has_rows(con, table)]
         if missing:
             results.append(RuleResult(rule_class.code, "skipped", "; ".join(missing)))
@@ -493,3 +509,80 @@ def scan(
                 ],
             )
     return ScanResult(scan_id, started_at, config.digest, since, until, results)
+
+
+def reusable_scan(
+    wh, config: Config, rules: list[type[Rule]], since: datetime | None, until: datetime | None
+) -> int | None:
+    """The latest stored scan of exactly this closed window, rule set and configuration,
+    made after the window closed and after the last import or prune; else None.
+
+    Such a scan is what scanning again would give, so reports reuse it instead of paying
+    for the rules again (20 s at 100k runs).
+    """
+    if until is None:
+        return None
+    rows = wh.con.execute(
+        """
+        SELECT max(scan_id) FROM scans
+        WHERE window_start IS NOT DISTINCT FROM ? AND window_end = ?
+          AND config_hash = ? AND selection = ? AND started_at >= window_end
+          AND started_at >= (
+              SELECT coalesce(max(t), TIMESTAMP '0001-01-01') FROM (
+                  SELECT max(finished_at) AS t FROM import_log
+                  UNION ALL SELECT max(imported_at) FROM file_imports
+                  UNION ALL SELECT max(applied_at) FROM prune_log))
+        """,
+        [since, until, config.digest, ",".join(r.code for r in rules)],
+    ).fetchall()
+    return rows[0][0] if rows and rows[0][0] is not None else None
+
+
+def load_scan(wh, scan_id: int) -> ScanResult:
+    """A stored scan as the ScanResult that produced it."""
+    started_at, config_hash, since, until = wh.con.execute(
+        "SELECT started_at, config_hash, window_start, window_end FROM scans WHERE scan_id = ?",
+        [scan_id],
+    ).fetchall()[0]
+    by_rule: dict[str, list[Finding]] = {}
+    for row in wh.con.execute(
+        "SELECT rule, name, severity, subject, message, evidence, recommendation, gpu_hours, "
+        "usd, bytes, team, method, happened_at, suppressed, suppressed_reason "
+        "FROM findings WHERE scan_id = ? ORDER BY finding_id",
+        [scan_id],
+    ).fetchall():
+        by_rule.setdefault(row[0], []).append(
+            Finding(
+                rule=row[0],
+                name=row[1],
+                severity=Severity.parse(row[2]),
+                subject=json.loads(row[3]),
+                message=row[4],
+                evidence=json.loads(row[5]) if row[5] else {},
+                recommendation=row[6] or "",
+                gpu_hours=row[7] or 0.0,
+                usd=row[8] or 0.0,
+                bytes=row[9] or 0,
+                team=row[10],
+                method=row[11],
+                happened_at=row[12],
+                suppressed=row[13],
+                suppressed_reason=row[14],
+            )
+        )
+    results = [
+        RuleResult(
+            rule=rule,
+            status=status,
+            reason=reason or "",
+            findings=by_rule.get(rule, []),
+            notes=json.loads(notes) if notes else [],
+            seconds=seconds or 0.0,
+        )
+        for rule, status, reason, notes, seconds in wh.con.execute(
+            "SELECT rule, status, reason, notes, seconds FROM rule_results "
+            "WHERE scan_id = ? ORDER BY rule",
+            [scan_id],
+        ).fetchall()
+    ]
+    return ScanResult(scan_id, started_at, config_hash, since, until, results)

@@ -18,7 +18,13 @@ FAMILIES = {
 }
 
 
-def spend(con, config: Config, since: datetime | None, until: datetime | None) -> list[dict]:
+def spend(
+    con,
+    config: Config,
+    since: datetime | None,
+    until: datetime | None,
+    shared: dict | None = None,
+) -> list[dict]:
     """What was paid for in the window: every GPU job, plus runs that ran outside Slurm.
 
     A job's team is its run's team (else the Slurm account, else the user) and its method
@@ -26,7 +32,14 @@ def spend(con, config: Config, since: datetime | None, until: datetime | None) -
     """
     from audit.rules._common import run_facts
 
-    ctx = RuleContext(con=con, config=config, thresholds={}, since=since, until=until)
+    ctx = RuleContext(
+        con=con,
+        config=config,
+        thresholds={},
+        since=since,
+        until=until,
+        shared={} if shared is None else shared,
+    )
 
     def inside(moment: datetime | None) -> bool:
         return (
@@ -79,7 +92,8 @@ def spend(con, config: Config, since: datetime | None, until: datetime | None) -
     return items
 
 
-def summarise(result: ScanResult, con, config: Config) -> dict:
+def summarise(result: ScanResult, con, config: Config, shared: dict | None = None) -> dict:
+    """Headline figures of a scan; ``shared`` carries facts computed once per report."""
     active = result.active
     families = []
     for prefix, label in FAMILIES.items():
@@ -94,7 +108,7 @@ def summarise(result: ScanResult, con, config: Config) -> dict:
                 "bytes": int(sum(f.bytes for f in items)),
             }
         )
-    runs = spend(con, config, result.since, result.until)
+    runs = spend(con, config, result.since, result.until, shared)
     by_team: dict[str, dict] = defaultdict(
         lambda: {"gpu_hours": 0.0, "usd": 0.0, "waste_gpu_hours": 0.0, "waste_usd": 0.0}
     )

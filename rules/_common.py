@@ -17,6 +17,12 @@ HOUR = 3600.0
 
 
 def run_facts(ctx: RuleContext) -> list[dict]:
+    """One row per run (see ``_run_facts``), computed once per scan: callers must not modify
+    the rows."""
+    return ctx.once(("run_facts",), lambda: _run_facts(ctx))
+
+
+def _run_facts(ctx: RuleContext) -> list[dict]:
     """One row per run: team, method, base model, its job, GPU-hours and their price.
 
     GPU-hours come from the linked Slurm job (GPUs × elapsed), else the ``num_gpus`` param ×
@@ -223,27 +229,32 @@ def hours_between(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds() / HOUR
 
 
+def _jobs_with_usage(ctx: RuleContext, min_hours: float) -> tuple[list[dict], dict[str, Usage]]:
+    jobs = job_rows(ctx, min_hours)
+    windows = [
+        {
+            "key": j["job_id"],
+            "cluster": j["cluster"],
+            "job_id": j["job_id"],
+            "gpus": j["gpus"],
+            "start": j["start_time"],
+            "end": j["end_time"],
+        }
+        for j in jobs
+    ]
+    return jobs, gpu_usage(ctx, windows)
+
+
 def judged_jobs(ctx: RuleContext, min_hours: float):
     """(job, usage) for every GPU job long enough to judge whose telemetry is unambiguous.
 
     Jobs without usable telemetry are recorded as notes ("job 123: ambiguous"), not passed.
     """
-    jobs = job_rows(ctx, min_hours)
-    usage = gpu_usage(
-        ctx,
-        [
-            {
-                "key": j["job_id"],
-                "cluster": j["cluster"],
-                "job_id": j["job_id"],
-                "gpus": j["gpus"],
-                "start": j["start_time"],
-                "end": j["end_time"],
-            }
-            for j in jobs
-        ],
-    )
+    # every GPU job once per scan (four rules judge them), each rule keeps its long-enough ones
+    jobs, usage = ctx.once(("judged_jobs",), lambda: _jobs_with_usage(ctx, 0.0))
     for job in jobs:
+        if job["hours"] < min_hours:
+            continue
         use = usage[job["job_id"]]
         if use.status != "ok":
             ctx.skip(

@@ -219,3 +219,43 @@ def test_nan_metric_survives(server, tmp_path, run_cli):
     ).fetchall()[0]
     con.close()
     assert math.isnan(value)
+
+
+def test_incremental_search_table_equals_a_rebuild(tmp_path, run_cli):
+    """Rows rewritten for changed runs only give the same wide table as a full rebuild."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    from audit.importers.search_index import SEARCH_TABLE, rebuild_search_tables
+
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=store.as_uri())
+    experiment = client.create_experiment("e")
+    ids = []
+    for i in range(30):
+        run = client.create_run(experiment, run_name=f"r{i}", tags={"team": f"t{i % 3}"})
+        client.log_batch(
+            run.info.run_id,
+            params=[Param("lr", str(i)), Param("method", "sft")],
+            metrics=[Metric("loss", 1.0 / (i + 1), 1_794_787_200_000, 0)],
+        )
+        client.set_terminated(run.info.run_id)
+        ids.append(run.info.run_id)
+    db = tmp_path / "w.duckdb"
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    # two runs change (a new metric value, a new tag), one run is new
+    client.log_metric(ids[3], "loss", 0.001, step=5)
+    client.set_tag(ids[7], "team", "moved")
+    extra = client.create_run(experiment, run_name="late")
+    client.log_batch(extra.info.run_id, params=[Param("lr", "99"), Param("method", "rl")])
+    client.set_terminated(extra.info.run_id)
+    code, out, err = run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))
+    assert code == 0, err
+    assert "imported 3 new or changed runs (28 unchanged)" in out
+    con = duckdb.connect(str(db))
+    query = f"SELECT * FROM {SEARCH_TABLE} ORDER BY run_id"
+    incremental = con.execute(query).fetchall()
+    rebuild_search_tables(con)
+    assert con.execute(query).fetchall() == incremental
+    assert len(incremental) == 31
+    con.close()

@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from audit.config import Config
-from audit.engine import RuleContext, ScanResult, scan, select_rules
+from audit.engine import RuleContext, ScanResult, load_scan, reusable_scan, scan, select_rules
 from audit.errors import InputError
 from audit.status import warehouse_status
 from audit.summary import spend, summarise
@@ -101,8 +101,14 @@ def build_report(
     tz = config.timezone
     rules = select_rules(None, None)
     if result is None:
-        result = scan(wh, config, rules, window.since, window.until)
-    summary = summarise(result, wh.con, config)
+        stored = reusable_scan(wh, config, rules, window.since, window.until)
+        result = (
+            load_scan(wh, stored)
+            if stored is not None
+            else scan(wh, config, rules, window.since, window.until)
+        )
+    shared: dict = {}  # run facts: computed once, used by every part of the report
+    summary = summarise(result, wh.con, config, shared)
     report = {
         "kind": "weekly" if weekly else "scan",
         "title": f"GPU waste report {window.label}" if weekly else f"audit scan #{result.scan_id}",
@@ -130,7 +136,7 @@ def build_report(
     }
     report["headline"] = _headline(summary)
     report["coverage"] = _coverage(wh, window)
-    report["methods"] = _methods(wh, config, window, summary)
+    report["methods"] = _methods(wh, config, window, summary, shared)
     report["categories"] = _categories(wh, config, summary, result)
     if weekly:
         previous = window.previous(tz)
@@ -139,24 +145,26 @@ def build_report(
             or scan(wh, config, rules, previous.since, previous.until).scan_id
         )
         previous_findings = [f for f in _stored_findings(wh, prev_id) if not f["suppressed"]]
-        prev_summary = _stored_summary(wh, config, prev_id, previous)
+        prev_summary = _stored_summary(wh, config, prev_id, previous, shared)
         report["previous"] = {"label": previous.label, "headline": _headline(prev_summary)}
         current_ids = {f["id"] for f in report["findings"] if not f["suppressed"]}
         previous_ids = {f["finding_id"] for f in previous_findings}
+        new, still_open = current_ids - previous_ids, current_ids & previous_ids
+        resolved = previous_ids - current_ids
         report["changes"] = {
-            "new": [f for f in report["findings"] if f["id"] in current_ids - previous_ids],
-            "still_open": [f for f in report["findings"] if f["id"] in current_ids & previous_ids],
-            "resolved": [
-                f for f in previous_findings if f["finding_id"] in previous_ids - current_ids
-            ],
+            "new": [f for f in report["findings"] if f["id"] in new],
+            "still_open": [f for f in report["findings"] if f["id"] in still_open],
+            "resolved": [f for f in previous_findings if f["finding_id"] in resolved],
         }
         report["trend"] = _trend(wh, config, rules, window, tz)
     return report
 
 
-def _stored_summary(wh, config: Config, scan_id: int, window: Window) -> dict:
+def _stored_summary(
+    wh, config: Config, scan_id: int, window: Window, shared: dict | None = None
+) -> dict:
     findings = [f for f in _stored_findings(wh, scan_id) if not f["suppressed"]]
-    runs = spend(wh.con, config, window.since, window.until)
+    runs = spend(wh.con, config, window.since, window.until, shared)
     return {
         "findings": len(findings),
         "waste": {
@@ -219,12 +227,17 @@ def _coverage(wh, window: Window) -> dict:
     }
 
 
-def _methods(wh, config: Config, window: Window, summary: dict) -> dict:
+def _methods(wh, config: Config, window: Window, summary: dict, shared: dict) -> dict:
     """Per training method: spend, waste, and each run's general change against its target gain."""
     from audit.rules._common import run_facts
 
     ctx = RuleContext(
-        con=wh.con, config=config, thresholds={}, since=window.since, until=window.until
+        con=wh.con,
+        config=config,
+        thresholds={},
+        since=window.since,
+        until=window.until,
+        shared=shared,
     )
     facts = [f for f in run_facts(ctx) if window.since <= f["start_time"] < window.until]
     baseline_tag = config.values["attribution"]["baseline_tag"]

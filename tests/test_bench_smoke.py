@@ -1,0 +1,56 @@
+"""CI runs the benchmark harness at size S as a smoke test: every step runs and reports,
+audit and MLflow agree on every search; no timing is asserted (timings live in
+bench/results/, measured on purpose, not in CI's noise)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.helpers import REPO
+
+
+def test_bench_size_s_runs_every_step(tmp_path):
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--size",
+            "S",
+            "--reps",
+            "1",
+            "--cache",
+            str(tmp_path / "cache"),
+            "--results",
+            str(results),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout
+    for step in (
+        "MLflow full import",
+        "incremental import (+10 runs, 1 %)",
+        "unchanged re-import",
+        "telemetry import (115,200 rows)",
+        "sacct import",
+        "checkpoint inventory",
+        "`audit scan` (all history)",
+        "`audit scan` peak RSS",
+        "`runs search` median latency",
+        "speed-up over mlflow.search_runs",
+        "weekly report (HTML)",
+    ):
+        assert f"| {step} |" in table, step
+    assert re.search(r"on \d+ cores", table)
+    written = list(results.glob("*.md"))
+    assert len(written) == 1 and "## Size S:" in written[0].read_text()
+    # search rows: audit and MLflow found the same runs for each of the five filters
+    counts = re.findall(r"\| (\d+) / (\d+) \|", table)
+    assert len(counts) == 5 and all(a == b for a, b in counts)
