@@ -58,19 +58,28 @@ def refresh_links(con, config: Config) -> None:
                 rtrim(p.value, '/')) AS dir
             FROM params p WHERE p.key = 'output_dir'
         ),
+        -- each checkpoint with the folders above it (itself included): "path is under dir"
+        -- becomes an equality join, not a prefix test of every checkpoint against every run
+        ancestors AS (
+            SELECT path, unnest(list_transform(
+                       generate_series(2, len(string_split(path, '/'))),
+                       lambda i: array_to_string(string_split(path, '/')[1:i], '/'))) AS dir
+            FROM checkpoints
+        ),
+        artifact_dirs AS (
+            SELECT source_id, run_id, rtrim(regexp_replace(artifact_uri, '^file://', ''), '/') AS dir
+            FROM runs WHERE artifact_uri LIKE 'file://%' OR artifact_uri LIKE '/%'
+        ),
         candidates AS (
-            SELECT c.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank
-            FROM checkpoints c JOIN output_dirs p
-                 ON c.path = p.dir OR starts_with(c.path, p.dir || '/')
+            SELECT a.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank
+            FROM ancestors a JOIN output_dirs p ON p.dir = a.dir
             UNION ALL
             SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2
             FROM checkpoints c JOIN runs r
                  ON r.run_id = regexp_extract(c.path, '(?:^|/)([0-9a-f]{32})(?:/|$)', 1)
             UNION ALL
-            SELECT c.path, r.source_id, r.run_id, 'artifact_uri', 3
-            FROM checkpoints c JOIN runs r
-                 ON starts_with(c.path, regexp_replace(r.artifact_uri, '^file://', '') || '/')
-            WHERE r.artifact_uri LIKE 'file://%' OR r.artifact_uri LIKE '/%'
+            SELECT a.path, r.source_id, r.run_id, 'artifact_uri', 3
+            FROM ancestors a JOIN artifact_dirs r ON r.dir = a.dir AND a.dir <> a.path
         )
         SELECT DISTINCT ON (path) path, source_id, run_id, method FROM candidates
         ORDER BY path, rank, source_id, run_id
