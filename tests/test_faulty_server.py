@@ -132,6 +132,12 @@ def counts(db) -> dict[str, int]:
         con.close()
 
 
+def ingest(run_cli, db, config, uri: str):
+    return run_cli(
+        "--db", str(db), "--config", str(config), "ingest", "mlflow", "--tracking-uri", uri
+    )
+
+
 @pytest.fixture
 def seeded(tmp_path, run_cli):
     """A warehouse holding the sample week, and a config that pages 3 runs at a time."""
@@ -175,16 +181,7 @@ def test_persistent_fault_mid_pagination_fails_clearly_and_writes_nothing(
     db, config = seeded
     before = counts(db)
     with FaultProxy(server["url"], fault) as proxy:
-        code, out, err = run_cli(
-            "--db",
-            str(db),
-            "--config",
-            str(config),
-            "ingest",
-            "mlflow",
-            "--tracking-uri",
-            proxy.url,
-        )
+        code, out, err = ingest(run_cli, db, config, proxy.url)
     assert code == 2, (out, err)
     assert "Traceback" not in err
     assert f"runs/search still failing after 3 attempts ({problem})" in err
@@ -208,16 +205,7 @@ def test_transient_fault_is_retried_and_the_import_is_complete(
 ):
     db, config = seeded
     direct = tmp_path / "direct.duckdb"
-    code, _, err = run_cli(
-        "--db",
-        str(direct),
-        "--config",
-        str(config),
-        "ingest",
-        "mlflow",
-        "--tracking-uri",
-        server["url"],
-    )
+    code, _, err = ingest(run_cli, direct, config, server["url"])
     assert code == 0, err
     faulted: set[int] = set()
 
@@ -229,16 +217,7 @@ def test_transient_fault_is_retried_and_the_import_is_complete(
 
     before = counts(db)
     with FaultProxy(server["url"], once_per_later_page) as proxy:
-        code, _out, err = run_cli(
-            "--db",
-            str(db),
-            "--config",
-            str(config),
-            "ingest",
-            "mlflow",
-            "--tracking-uri",
-            proxy.url,
-        )
+        code, _out, err = ingest(run_cli, db, config, proxy.url)
     assert code == 0, err
     assert proxy.faults_served == 1
     after, reference = counts(db), counts(direct)
@@ -253,16 +232,7 @@ def test_dead_page_token_is_a_clear_error_not_a_partial_import(server, seeded, r
     with FaultProxy(
         server["url"], lambda n, p, b: ("dead_token",) if _is_runs_page(p, b) else None
     ) as proxy:
-        code, out, err = run_cli(
-            "--db",
-            str(db),
-            "--config",
-            str(config),
-            "ingest",
-            "mlflow",
-            "--tracking-uri",
-            proxy.url,
-        )
+        code, out, err = ingest(run_cli, db, config, proxy.url)
     assert code == 2, (out, err)
     assert "runs/search failed with HTTP 400 INVALID_PARAMETER_VALUE: Invalid page token" in err
     assert "Traceback" not in err
@@ -277,16 +247,7 @@ def test_server_gone_for_good_is_exit_2(seeded, run_cli):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code, _, err = run_cli(
-        "--db",
-        str(db),
-        "--config",
-        str(config),
-        "ingest",
-        "mlflow",
-        "--tracking-uri",
-        f"http://127.0.0.1:{port}",
-    )
+    code, _, err = ingest(run_cli, db, config, f"http://127.0.0.1:{port}")
     assert code == 2
     assert "still failing after 3 attempts (ConnectionError)" in err
     assert counts(db) == before

@@ -62,10 +62,14 @@ def test_mangled_sacct(lines, header):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(mangle(SMI_LINE), min_size=1, max_size=4), header=mangle(SMI_HEADER))
 def test_mangled_nvidia_smi(lines, header):
-    path = _write("\n".join([header, *lines]) + "\n")
+    _parses_or_names_the_file("\n".join([header, *lines]) + "\n", len(lines))
+
+
+def _parses_or_names_the_file(content: str, lines: int) -> None:
+    path = _write(content)
     try:
         parsed = read_telemetry(path, UTC, host="n1")
-        assert parsed.samples.height <= len(lines)
+        assert parsed.samples.height <= lines
     except InputError as exc:
         assert str(path) in str(exc)
     finally:
@@ -78,14 +82,8 @@ DCGM_LINE = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",modelName="NVIDIA H100",H
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(mangle(DCGM_LINE), min_size=1, max_size=4))
 def test_mangled_dcgm_exposition(lines):
-    path = _write("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n" + "\n".join(lines) + "\n")
-    try:
-        parsed = read_telemetry(path, UTC, host="n1")
-        assert parsed.samples.height <= len(lines)
-    except InputError as exc:
-        assert str(path) in str(exc)
-    finally:
-        path.unlink()
+    content = "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n" + "\n".join(lines) + "\n"
+    _parses_or_names_the_file(content, len(lines))
 
 
 FILTER_TOKENS = [

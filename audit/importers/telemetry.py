@@ -180,11 +180,6 @@ def _samples(body: pl.DataFrame, host: str, identity: str, tz: ZoneInfo) -> pl.D
             .dt.replace_time_zone(None)
         )
     power = "power.draw" if "power.draw" in body.columns else "power.draw.average"
-    measured = [n for n in ("utilization.gpu", "memory.used", "memory.total") if n in body]
-    unparsable = [
-        pl.col(n).is_not_null() & ~pl.col(n).is_in(_MISSING) & _numeric(pl.col(n)).is_null()
-        for n in measured
-    ]
     return (
         body.lazy()
         .select(
@@ -200,7 +195,7 @@ def _samples(body: pl.DataFrame, host: str, identity: str, tz: ZoneInfo) -> pl.D
             job_label=pl.lit(None, dtype=pl.String),
             pod=pl.lit(None, dtype=pl.String),
             origin=pl.lit("nvidia-smi"),
-            unparsable=pl.any_horizontal(unparsable) if unparsable else pl.lit(False),
+            unparsable=_unparsable(body),
         )
         .cast(SAMPLE_SCHEMA)
         .collect()
@@ -280,7 +275,7 @@ def _validated_table(
     body = body.with_columns(
         ts=_parsed_time(pl.col("timestamp"), sample[0] if sample.len() else None)
     )
-    unparsable = _unparsable_numbers(body)["line_no"].implode()
+    unparsable = body.filter(_unparsable(body))["line_no"].implode()
     problems = body.filter(
         (pl.col("n") != len(names)) | pl.col("ts").is_null() | pl.col("line_no").is_in(unparsable)
     )
@@ -302,13 +297,14 @@ def _validated_table(
     return body.join(problems.select("line_no"), on="line_no", how="anti"), messages
 
 
-def _unparsable_numbers(body: pl.DataFrame) -> pl.DataFrame:
+def _unparsable(body: pl.DataFrame) -> pl.Expr:
+    """True where a measured column holds text that is neither a number nor N/A."""
     checks = [
         pl.col(n).is_not_null() & ~pl.col(n).is_in(_MISSING) & _numeric(pl.col(n)).is_null()
         for n in ("utilization.gpu", "memory.used", "memory.total")
         if n in body.columns
     ]
-    return body.filter(pl.any_horizontal(checks)) if checks else body.clear()
+    return pl.any_horizontal(checks) if checks else pl.lit(False)
 
 
 def _numeric(column: pl.Expr) -> pl.Expr:
