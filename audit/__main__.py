@@ -1,3 +1,3 @@
-from audit.cli import main
+from audit.entry import main
 
 main()

@@ -9,13 +9,12 @@ from pathlib import Path
 import click
 import duckdb
 
-from audit import __version__
+from audit import __version__, interrupts
 from audit.config import DEFAULT_CONFIG_NAME, Config, load_config
 from audit.errors import AuditError
 from audit.warehouse import Warehouse, open_warehouse
 
 EXIT_INTERNAL = 3
-EXIT_INTERRUPTED = 130
 
 
 @dataclass
@@ -41,19 +40,19 @@ class AuditGroup(click.Group):
         try:
             return super().invoke(ctx)
         except AuditError as exc:
+            if interrupts.requested():  # an importer's wrapping of the interrupted library
+                _interrupted(ctx)
             # One line, whatever the wrapped library put in its message.
             error = click.ClickException(" ".join(str(exc).split()))
             error.exit_code = exc.exit_code
             raise error from None
-        except (
-            KeyboardInterrupt,
-            duckdb.InterruptException,
-        ):  # DuckDB turns Ctrl-C into its own error
-            click.echo("audit: interrupted; nothing was written", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
+        except (KeyboardInterrupt, duckdb.InterruptException):
+            _interrupted(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # a bug: say so in one line, keep the traceback opt-in
+            if interrupts.requested():
+                _interrupted(ctx)
             if os.environ.get("AUDIT_DEBUG"):
                 raise
             click.echo(
@@ -62,6 +61,11 @@ class AuditGroup(click.Group):
                 err=True,
             )
             ctx.exit(EXIT_INTERNAL)
+
+
+def _interrupted(ctx: click.Context) -> None:
+    click.echo(interrupts.message(), err=True)
+    ctx.exit(interrupts.EXIT_INTERRUPTED)
 
 
 def _default_config() -> str | None:
@@ -103,10 +107,6 @@ def cli(ctx: click.Context, db_path: Path, config_path: Path | None) -> None:
 
 
 pass_app = click.make_pass_decorator(AppContext)
-
-
-def main() -> None:
-    cli.main(prog_name="audit", windows_expand_args=False)
 
 
 # Command modules attach themselves to ``cli``; imported last because they import it.

@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from audit import interrupts
 from audit.errors import WarehouseError
 from audit.warehouse.migrations import MIGRATIONS
 
@@ -46,7 +47,8 @@ class Warehouse:
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
-        self.con.execute("COMMIT")
+        with interrupts.uninterruptible_commit():
+            self.con.execute("COMMIT")
 
     def frame(self, sql: str, params: list | None = None) -> pl.DataFrame:
         """Run a query and return a polars frame (bound parameters, never interpolation)."""
