@@ -50,6 +50,8 @@ PAYLOADS = [
     "\x1b]8;;http:\\\\evil\x07link\x1b]8;;\x07",  # OSC 8 hyperlink
     "\x9b31mC1-CSI",
     "bell\x07and\x08backspace",
+    r"$\frac{$ broken mathtext",  # matplotlib would parse $...$ in chart labels as TeX
+    r"$\undefinedmacro{x}$",
 ]
 
 

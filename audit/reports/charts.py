@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import matplotlib
 
+from audit.cli.output import safe
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
@@ -19,6 +21,8 @@ plt.rcParams.update(
     {
         "svg.hashsalt": "audit",  # stable ids: the same data gives the same SVG
         "svg.fonttype": "none",  # text stays text (searchable, small)
+        # names are data: "$...$" in a run or dataset name must not be parsed as TeX
+        "text.parse_math": False,
         "font.size": 9,
         "axes.spines.top": False,
         "axes.spines.right": False,
@@ -51,6 +55,11 @@ def _svg(fig, title: str, alt: str) -> Chart:
     return Chart(title=title, alt=alt, svg=text)
 
 
+def _visible(labels: list[str]) -> list[str]:
+    # control characters have no glyph: show them as escapes, as the terminal output does
+    return [safe(label) for label in labels]
+
+
 def _attr(text: str) -> str:
     return _text(text).replace('"', "&quot;")
 
@@ -63,12 +72,12 @@ def bar(title: str, labels: list[str], values: list[float], unit: str, alt: str)
     fig, ax = plt.subplots(figsize=(6.0, 0.35 * max(len(labels), 3) + 0.8))
     positions = range(len(labels))
     ax.barh(list(positions), values, color=PALETTE[0])
-    ax.set_yticks(list(positions), labels=labels)
+    ax.set_yticks(list(positions), labels=_visible(labels))
     ax.invert_yaxis()
     ax.set_xlabel(unit)
     for y, value in zip(positions, values, strict=True):
         ax.text(value, y, f" {value:,.0f}", va="center", fontsize=8)
-    ax.set_title(title, loc="left")
+    ax.set_title(safe(title), loc="left")
     return _svg(fig, title, alt)
 
 
@@ -82,13 +91,15 @@ def grouped(
             [i + index * width for i in range(len(labels))],
             values,
             width,
-            label=name,
+            label=safe(name),
             color=PALETTE[index],
         )
-    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(labels))], labels=labels)
+    ax.set_xticks(
+        [i + width * (len(series) - 1) / 2 for i in range(len(labels))], labels=_visible(labels)
+    )
     ax.set_ylabel(unit)
     ax.legend(frameon=False)
-    ax.set_title(title, loc="left")
+    ax.set_title(safe(title), loc="left")
     return _svg(fig, title, alt)
 
 
@@ -99,7 +110,7 @@ def trend(title: str, weeks: list[str], values: list[float | None], unit: str, a
     ax.set_xticks(range(len(weeks)), labels=weeks, rotation=0)
     ax.set_ylabel(unit)
     ax.set_ylim(bottom=0)
-    ax.set_title(title, loc="left")
+    ax.set_title(safe(title), loc="left")
     return _svg(fig, title, alt)
 
 
@@ -112,7 +123,7 @@ def forgetting(title: str, points: list[dict], alt: str) -> Chart:
         ax.scatter(
             [p["target_gain"] for p in mine],
             [p["general_change"] for p in mine],
-            label=method,
+            label=safe(method),
             marker=METHOD_MARKERS.get(method, "D"),
             color=PALETTE[index],
             s=36,
@@ -121,5 +132,5 @@ def forgetting(title: str, points: list[dict], alt: str) -> Chart:
     ax.set_xlabel("gain on the target task (vs base model)")
     ax.set_ylabel("change in general ability")
     ax.legend(frameon=False, title="method")
-    ax.set_title(title, loc="left")
+    ax.set_title(safe(title), loc="left")
     return _svg(fig, title, alt)
