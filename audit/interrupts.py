@@ -12,7 +12,7 @@ from contextlib import contextmanager
 EXIT_INTERRUPTED = 130
 
 _requested = False
-_deferred = False
+_held = 0
 _saved_transactions = 0
 
 
@@ -37,16 +37,24 @@ def message() -> str:
 
 
 @contextmanager
-def uninterruptible_commit() -> Iterator[None]:
-    """Hold Ctrl-C while a transaction commits, so the message can say whether it did."""
-    global _deferred, _saved_transactions
-    _deferred = True
+def held() -> Iterator[None]:
+    """Ctrl-C waits until the block ends; the caller checks ``requested()`` after it."""
+    global _held
+    _held += 1
     try:
         yield
-        _saved_transactions += 1
     finally:
-        _deferred = False
-    if _requested:
+        _held -= 1
+
+
+@contextmanager
+def uninterruptible_commit() -> Iterator[None]:
+    """Hold Ctrl-C while a transaction commits, so the message can say whether it did."""
+    global _saved_transactions
+    with held():
+        yield
+        _saved_transactions += 1
+    if _requested and not _held:
         raise KeyboardInterrupt
 
 
@@ -55,5 +63,5 @@ def _on_sigint(_signum, _frame) -> None:
     # their own errors (RuntimeError, InvalidInputException, ...); the flag survives that.
     global _requested
     _requested = True
-    if not _deferred:
+    if not _held:
         raise KeyboardInterrupt

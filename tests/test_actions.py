@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import duckdb
@@ -236,3 +239,66 @@ def test_prune_usage_errors(prune_tree, run_cli):
     bad.write_text('{"version": 99}')
     code, _, err = run_cli("--db", db, "prune", "--apply", str(bad))
     assert code == 2 and "not an audit prune plan" in err
+
+
+def test_ctrl_c_during_prune_apply_finishes_the_entry_and_records_it(tmp_path, run_cli):
+    root, run_dir = tmp_path / "scratch", tmp_path / "scratch" / "run-a"
+    steps = range(100, 1300, 100)  # 12 checkpoints: 10 planned, best and last kept
+    for step in steps:
+        folder = run_dir / f"checkpoint-{step}"
+        _checkpoint(folder, best=str(run_dir / "checkpoint-200"))
+        for shard in range(1500):  # many files: each entry takes a while to delete
+            (folder / f"shard-{shard:05d}.bin").write_bytes(b"s")
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=store.as_uri())
+    run = client.create_run(client.create_experiment("e"), run_name="a")
+    client.log_batch(run.info.run_id, params=[Param("output_dir", str(run_dir))])
+    client.set_terminated(run.info.run_id)
+    db, config = tmp_path / "w.duckdb", tmp_path / "audit.toml"
+    config.write_text("[rules.CKP001]\nmin_reclaimable_gb = 0\n")
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    assert run_cli("--db", str(db), "ingest", "checkpoints", str(root))[0] == 0
+    plan_file = tmp_path / "plan.json"
+    base = ["--db", str(db), "--config", str(config), "prune"]
+    assert run_cli(*base, "--plan", str(plan_file))[0] == 0
+    planned = [e["path"] for e in json.loads(plan_file.read_text())["entries"]]
+    assert len(planned) == 10
+    manifest_file = tmp_path / "plan.json.manifest.jsonl"
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "audit", *base, "--apply", str(plan_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not manifest_file.exists() or not manifest_file.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "no entry was applied"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate()
+
+    manifest = [json.loads(line) for line in manifest_file.read_text().splitlines()]
+    done = len(manifest)
+    assert 1 <= done < 10, f"{done} entries applied: the interrupt came too late to test"
+    assert proc.returncode == 130, err
+    assert out.startswith(f"deleted {done} entries")
+    assert err.strip() == (
+        f"audit: interrupted; stopped after {done} of 10 entries, {10 - done} not touched; "
+        "what was done is in the manifest and the warehouse"
+    )
+    # every entry is whole or gone, and the record matches the disk
+    assert [m["path"] for m in manifest] == planned[:done]
+    assert all(m["status"] == "deleted" for m in manifest)
+    for path in planned[:done]:
+        assert not os.path.exists(path)
+    for path in planned[done:]:
+        assert len(os.listdir(path)) == 1502
+    con = duckdb.connect(str(db), read_only=True)
+    logged = con.execute("SELECT count(*) FROM prune_log").fetchall()[0][0]
+    left = con.execute("SELECT count(*) FROM checkpoints").fetchall()[0][0]
+    con.close()
+    assert (logged, left) == (done, 12 - done)
+    # the same plan, applied again, finishes the job
+    code, out, _ = run_cli(*base, "--apply", str(plan_file))
+    assert code == 0 and out.startswith(f"deleted {10 - done} entries")

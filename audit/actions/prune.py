@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from audit import interrupts
 from audit.config import Config
 from audit.engine import run_rules, select_rules
 from audit.errors import InputError
@@ -147,14 +148,27 @@ def apply_plan(plan_path: Path, db: Path, manifest_path: Path) -> dict:
     done = []
     with open(manifest_path, "a", encoding="utf-8") as manifest:
         for entry in plan["entries"]:
-            outcome = _apply_one(entry, roots)
-            done.append(outcome)
-            manifest.write(json.dumps(outcome) + "\n")
-            manifest.flush()
-            os.fsync(manifest.fileno())
+            if interrupts.requested():
+                break
+            # Ctrl-C lets the entry being deleted finish and be recorded: a half-deleted
+            # checkpoint the manifest does not mention is what the user would lose.
+            with interrupts.held():
+                outcome = _apply_one(entry, roots)
+                done.append(outcome)
+                manifest.write(json.dumps(outcome) + "\n")
+                manifest.flush()
+                os.fsync(manifest.fileno())
+    summary = {
+        "planned": len(plan["entries"]),
+        "deleted": sum(1 for o in done if o["status"] == "deleted"),
+        "skipped": sum(1 for o in done if o["status"] == "skipped"),
+        "freed_bytes": sum(o["freed_bytes"] for o in done),
+        "outcomes": done,
+        "interrupted": interrupts.requested(),
+    }
     if not done:
-        return {"deleted": 0, "skipped": 0, "freed_bytes": 0, "outcomes": []}
-    with open_warehouse(db) as wh, wh.transaction() as con:
+        return summary
+    with interrupts.held(), open_warehouse(db) as wh, wh.transaction() as con:
         applied_at = datetime.now(UTC).replace(tzinfo=None)
         con.executemany(
             "INSERT INTO prune_log VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -176,12 +190,7 @@ def apply_plan(plan_path: Path, db: Path, manifest_path: Path) -> dict:
         if deleted:
             con.execute("DELETE FROM checkpoints WHERE list_contains(?, path)", [deleted])
             con.execute("DELETE FROM checkpoint_runs WHERE list_contains(?, path)", [deleted])
-    return {
-        "deleted": sum(1 for o in done if o["status"] == "deleted"),
-        "skipped": sum(1 for o in done if o["status"] == "skipped"),
-        "freed_bytes": sum(o["freed_bytes"] for o in done),
-        "outcomes": done,
-    }
+    return summary
 
 
 def _apply_one(entry: dict, roots: set[str]) -> dict:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from audit import interrupts
 from audit.cli import AppContext, cli, pass_app
 from audit.cli.output import table
 
@@ -148,6 +149,15 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
             f"deleted {summary['deleted']} entries ({summary['freed_bytes'] / 1e9:,.1f} GB freed), "
             f"skipped {summary['skipped']}; manifest {manifest}"
         )
+        if summary["interrupted"]:
+            left = summary["planned"] - len(summary["outcomes"])
+            click.echo(
+                f"audit: interrupted; stopped after {len(summary['outcomes'])} of "
+                f"{summary['planned']} entries, {left} not touched; what was done is in the "
+                "manifest and the warehouse",
+                err=True,
+            )
+            raise click.exceptions.Exit(interrupts.EXIT_INTERRUPTED)
         return
     plan = make_plan(app.db_path, app.config)
     for entry in plan["entries"]:
