@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 OUT := out
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint docs sample bench clean
+.PHONY: demo test fuzz lint docs sample bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
+
+# Property and fuzz tests with fresh random examples (make test replays a fixed set).
+# Failures found here are kept in .hypothesis/ and tried first on the next run.
+fuzz: $(VENV)/.installed-test
+	AUDIT_HYPOTHESIS=explore $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_fuzz_parsers.py tests/test_prune_property.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

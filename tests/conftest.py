@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import settings
 
 from audit.cli import cli
 from tests.helpers import REPO, log_reference_runs, mlflow_server
@@ -14,6 +15,13 @@ from tests.helpers import REPO, log_reference_runs, mlflow_server
 SAMPLE = REPO / "sample_logs"
 
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+# `make test` (and so CI) replays the same examples every time, so a red run is
+# reproducible and never depends on the seed of the day; `make fuzz` explores new ones
+# and keeps what fails in .hypothesis/ for the next replay.
+settings.register_profile("replay", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("AUDIT_HYPOTHESIS", "replay"))
 
 
 @pytest.fixture(scope="session")

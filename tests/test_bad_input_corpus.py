@@ -130,6 +130,7 @@ MUTATIONS = {
     ),
     "duplicated column": (lambda t, d: _duplicate_first_field(t, d).encode(), False),
     "year 99999": (lambda t, d: re.sub(r"20(26)", r"999\1", t, count=3).encode(), True),
+    "signed year": (lambda t, d: re.sub(r"(?<![\d-])2026", "-2026", t, count=3).encode(), False),
     "year 1800": (lambda t, d: re.sub(r"2026", "1800", t).encode(), False),
     "negative numbers": (
         lambda t, d: re.sub(r"(?<=[\s|,=\[\"])(\d{2,})", r"-\1", t).encode(),

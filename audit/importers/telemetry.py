@@ -203,15 +203,19 @@ def _samples(body: pl.DataFrame, host: str, identity: str, tz: ZoneInfo) -> pl.D
 
 
 def _parsed_time(column: pl.Expr, sample: str | None) -> pl.Expr:
-    """Parse with the one format the file uses (found on its first value)."""
+    """Parse with the one format the file uses (found on its first value); a year outside
+    1970-9999 (strptime accepts a signed "-2026/...") is unparsable, not a sample."""
+    chosen = _TIME_FORMATS[0]
     for fmt in _TIME_FORMATS:
-        if (
-            sample is not None
-            and pl.Series([sample]).str.strptime(pl.Datetime("us"), fmt, strict=False)[0]
-            is not None
-        ):
-            return column.str.strptime(pl.Datetime("us"), fmt, strict=False)
-    return column.str.strptime(pl.Datetime("us"), _TIME_FORMATS[0], strict=False)
+        if sample is not None and pl.select(_in_range(pl.lit(sample), fmt).is_not_null()).item():
+            chosen = fmt
+            break
+    return _in_range(column, chosen)
+
+
+def _in_range(column: pl.Expr, fmt: str) -> pl.Expr:
+    ts = column.str.strptime(pl.Datetime("us"), fmt, strict=False)
+    return pl.when(ts.dt.year().is_between(1970, 9999)).then(ts)
 
 
 def _fast_table(path: Path, names: list[str], wanted: list[str], first: int) -> pl.DataFrame | None:
