@@ -126,14 +126,7 @@ def _make_base_store(data: DataSet) -> None:
 
 def _make_plus_store(data: DataSet) -> None:
     shutil.copyfile(data.base_store, data.plus_store)
-    con = sqlite3.connect(data.plus_store)
-    ids = [
-        str(r[0])
-        for r in con.execute(
-            "SELECT experiment_id FROM experiments WHERE name LIKE 'bench-%' ORDER BY experiment_id"
-        )
-    ]
-    con.close()
+    ids = generate.bench_experiment_ids(data.plus_store)
     runs = generate.synthetic_runs(data.size.new_runs, 0, len(ids), first=data.size.runs)
     generate.write_bulk(data.plus_store, runs, ids)
     _settle(data.plus_store)

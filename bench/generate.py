@@ -113,6 +113,18 @@ def synthetic_runs(n: int, seed: int = 0, experiments: int = 10, first: int = 0)
         )
 
 
+def bench_experiment_ids(store: Path) -> list[str]:
+    """The ids of the experiments ``create_store`` made, in creation order."""
+    con = sqlite3.connect(store)
+    try:
+        rows = con.execute(
+            "SELECT experiment_id FROM experiments WHERE name LIKE 'bench-%' ORDER BY experiment_id"
+        ).fetchall()
+    finally:
+        con.close()
+    return [str(r[0]) for r in rows]
+
+
 def create_store(path: Path, experiments: int) -> list[str]:
     """An empty MLflow SQLite store (schema by MLflow) with ``experiments`` experiments."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
@@ -219,14 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started = time.monotonic()
     if args.append:
-        con = sqlite3.connect(args.out)
-        ids = [
-            str(r[0])
-            for r in con.execute(
-                "SELECT experiment_id FROM experiments WHERE name LIKE 'bench-%' ORDER BY experiment_id"
-            )
-        ]
-        con.close()
+        ids = bench_experiment_ids(args.out)
     else:
         args.out.unlink(missing_ok=True)
         ids = create_store(args.out, args.experiments)

@@ -86,7 +86,7 @@ def log_reference_runs(tracking_uri: str) -> dict[str, str]:
     a failed and a deleted run, a deleted experiment and a registered model.
     """
     from mlflow import MlflowClient
-    from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
+    from mlflow.entities import Metric, Param
 
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     t0 = 1_794_787_200_000
@@ -130,20 +130,7 @@ def log_reference_runs(tracking_uri: str) -> dict[str, str]:
         )
         client.log_batch(run_id, metrics=metrics)
         if exp == exp_a:
-            client.log_inputs(
-                run_id,
-                [
-                    DatasetInput(
-                        Dataset(
-                            name="codeedit",
-                            digest="d1g357",
-                            source_type="local",
-                            source="/data/codeedit.jsonl",
-                        ),
-                        [InputTag("mlflow.data.context", "train")],
-                    )
-                ],
-            )
+            log_train_dataset(client, run_id, "codeedit", "d1g357", "/data/codeedit.jsonl")
         client.set_terminated(run_id, status, end_time=start + 1_800_000)
     client.delete_run(ids["rl-deleted"])
     client.delete_experiment(exp_gone)
@@ -151,6 +138,14 @@ def log_reference_runs(tracking_uri: str) -> dict[str, str]:
     source = client.get_run(ids["sft-a"]).info.artifact_uri + "/model"
     client.create_model_version("coder-sft", source, run_id=ids["sft-a"])
     return ids
+
+
+def log_train_dataset(client, run_id: str, name: str, digest: str, source: str) -> None:
+    """Record a dataset as the run's training input, as MLflow's dataset tracking does."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    dataset = Dataset(name=name, digest=digest, source_type="local", source=source)
+    client.log_inputs(run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", "train")])])
 
 
 def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
@@ -193,3 +188,15 @@ def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
         return out
     finally:
         con.close()
+
+
+def audit_process(db: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """The real `audit` command in its own process (for signals, kills and locks)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "audit", "--db", str(db), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import duckdb
@@ -15,7 +13,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
 import audit
-from tests.helpers import mlflow_server
+from tests.helpers import audit_process, mlflow_server
 
 
 def _now_ms() -> int:
@@ -265,12 +263,7 @@ def test_ctrl_c_during_prune_apply_finishes_the_entry_and_records_it(tmp_path, r
     assert len(planned) == 10
     manifest_file = tmp_path / "plan.json.manifest.jsonl"
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "audit", *base, "--apply", str(plan_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = audit_process(db, "--config", str(config), "prune", "--apply", str(plan_file))
     deadline = time.monotonic() + 60
     while not manifest_file.exists() or not manifest_file.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, "no entry was applied"

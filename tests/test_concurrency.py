@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,22 +18,14 @@ import duckdb
 import pytest
 
 from bench.data import Size, prepare
-from tests.helpers import REPO
+from tests.helpers import REPO, audit_process
 
 SAMPLE = REPO / "sample_logs"
 WAITING = "audit: waiting for warehouse"
 
 
 def start(db: Path, *args: str, wait: float = 120) -> subprocess.Popen:
-    env = {**os.environ, "AUDIT_LOCK_TIMEOUT": str(wait)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "audit", "--db", str(db), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
+    return audit_process(db, *args, env={**os.environ, "AUDIT_LOCK_TIMEOUT": str(wait)})
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO
+from tests.helpers import REPO, log_train_dataset
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
@@ -63,7 +63,7 @@ def _sacct_field(text: str) -> str:
 def hostile(tmp_path_factory):
     from click.testing import CliRunner
     from mlflow import MlflowClient
-    from mlflow.entities import Dataset, DatasetInput, InputTag, Param
+    from mlflow.entities import Param
 
     from audit.cli import cli
 
@@ -110,15 +110,7 @@ def hostile(tmp_path_factory):
                     Param("output_dir", str(folder)),
                 ],
             )
-            client.log_inputs(
-                run.info.run_id,
-                [
-                    DatasetInput(
-                        Dataset(name=payload, digest=f"d{i}", source_type="local", source=payload),
-                        [InputTag("mlflow.data.context", "train")],
-                    )
-                ],
-            )
+            log_train_dataset(client, run.info.run_id, payload, f"d{i}", payload)
             client.set_terminated(
                 run.info.run_id, "FINISHED", end_time=start + copy * 150 * 60_000 + 2 * 3_600_000
             )

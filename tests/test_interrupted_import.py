@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
-import sys
 import tarfile
 import time
 
 import duckdb
 import pytest
 
-from tests.helpers import REPO, SHARED
+from tests.helpers import REPO, SHARED, audit_process
 
 ARCHIVE = SHARED / "mlflow" / "pycaret-tutorial-mlruns.tar.gz"
 TABLES = (
@@ -38,16 +36,6 @@ def counts(db) -> dict[str, int]:
         con.close()
 
 
-def audit(db, *args) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "audit", "--db", str(db), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-
-
 @pytest.fixture(scope="module")
 def big_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("pycaret")
@@ -59,20 +47,22 @@ def big_store(tmp_path_factory):
 def test_kill_9_mid_import_leaves_warehouse_unchanged(big_store, tmp_path):
     db = tmp_path / "w.duckdb"
     assert (
-        audit(db, "ingest", "mlflow", "--tracking-uri", str(REPO / "sample_logs" / "mlruns")).wait()
+        audit_process(
+            db, "ingest", "mlflow", "--tracking-uri", str(REPO / "sample_logs" / "mlruns")
+        ).wait()
         == 0
     )
     before = counts(db)
 
     scratch = tmp_path / "scratch.duckdb"
     started = time.monotonic()
-    assert audit(scratch, "ingest", "mlflow", "--tracking-uri", str(big_store)).wait() == 0
+    assert audit_process(scratch, "ingest", "mlflow", "--tracking-uri", str(big_store)).wait() == 0
     full_import_seconds = time.monotonic() - started
 
     rng = random.Random(7)
     survived = 0
     for _ in range(5):
-        proc = audit(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
+        proc = audit_process(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
         time.sleep(rng.uniform(0.2, max(0.3, full_import_seconds * 0.9)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -80,7 +70,7 @@ def test_kill_9_mid_import_leaves_warehouse_unchanged(big_store, tmp_path):
         survived += 1
     assert survived == 5
 
-    finisher = audit(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
+    finisher = audit_process(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
     _out, err = finisher.communicate()
     assert finisher.returncode == 0, err
     after = counts(db)
@@ -94,13 +84,15 @@ def test_ctrl_c_anywhere_in_an_import_rolls_back(big_store, tmp_path):
     with one line, never an internal error, and the warehouse as before."""
     db = tmp_path / "w.duckdb"
     assert (
-        audit(db, "ingest", "mlflow", "--tracking-uri", str(REPO / "sample_logs" / "mlruns")).wait()
+        audit_process(
+            db, "ingest", "mlflow", "--tracking-uri", str(REPO / "sample_logs" / "mlruns")
+        ).wait()
         == 0
     )
     before = counts(db)
     scratch = tmp_path / "scratch.duckdb"
     started = time.monotonic()
-    assert audit(scratch, "ingest", "mlflow", "--tracking-uri", str(big_store)).wait() == 0
+    assert audit_process(scratch, "ingest", "mlflow", "--tracking-uri", str(big_store)).wait() == 0
     full_import_seconds = time.monotonic() - started
 
     interrupted = 0
@@ -108,7 +100,7 @@ def test_ctrl_c_anywhere_in_an_import_rolls_back(big_store, tmp_path):
         # From just after interpreter start-up (earlier, Python itself prints the
         # traceback) to near the end of the import.
         delay = 0.15 + step * (full_import_seconds * 0.9 - 0.15) / 7
-        proc = audit(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
+        proc = audit_process(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate()

@@ -12,8 +12,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,23 +19,13 @@ import duckdb
 import pytest
 
 from bench.data import Size, prepare
-from tests.helpers import REPO
+from tests.helpers import REPO, audit_process
 
 SAMPLE = REPO / "sample_logs"
 ARTIFACTS = REPO / "test-artifacts"
 # Append-only logs: an import that completed before its kill (a no-op re-import, once the
 # data is in) adds a row. Data tables must be exactly before or after.
 LOGS = ("import_log", "file_imports")
-
-
-def audit(db: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "audit", "--db", str(db), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
 
 
 def table_counts(db: Path) -> dict[str, int]:
@@ -68,7 +56,7 @@ def inputs(tmp_path_factory):
         ["ingest", "slurm", str(SAMPLE / "slurm" / "week47.sacct")],
         ["ingest", "gpu", *map(str, sorted((SAMPLE / "gpu").glob("*.csv")))],
     ):
-        proc = audit(seeded, *args)
+        proc = audit_process(seeded, *args)
         _out, err = proc.communicate()
         assert proc.returncode == 0, err
     return {
@@ -87,7 +75,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
     reference = tmp_path / f"{kind}-reference.duckdb"
     shutil.copyfile(inputs["seeded"], reference)
     started = time.monotonic()
-    proc = audit(reference, *inputs[kind])
+    proc = audit_process(reference, *inputs[kind])
     _out, err = proc.communicate()
     assert proc.returncode == 0, err
     duration = time.monotonic() - started
@@ -97,7 +85,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
     rng = random.Random(seed)
     survived = 0
     for _ in range(kills):
-        proc = audit(db, *inputs[kind])
+        proc = audit_process(db, *inputs[kind])
         time.sleep(rng.uniform(0.05, duration))
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
@@ -111,7 +99,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
             f"{ {t: (before.get(t), n, after.get(t)) for t, n in state.items() if n != before.get(t)} }"
         )
         survived += 1
-    proc = audit(db, *inputs[kind])
+    proc = audit_process(db, *inputs[kind])
     _out, err = proc.communicate()
     assert proc.returncode == 0, err
     final = table_counts(db)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, log_train_dataset
 
 GOLDEN = Path(__file__).parent / "golden"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -160,7 +160,7 @@ HOSTILE = [
 def hostile_db(tmp_path, run_cli):
     """A warehouse whose run names, params, tags and datasets are XSS payloads."""
     from mlflow import MlflowClient
-    from mlflow.entities import Dataset, DatasetInput, InputTag, Param
+    from mlflow.entities import Param
 
     store = tmp_path / "mlruns"
     client = MlflowClient(tracking_uri=store.as_uri())
@@ -181,15 +181,7 @@ def hostile_db(tmp_path, run_cli):
                     Param("note", payload),
                 ],
             )
-            client.log_inputs(
-                run.info.run_id,
-                [
-                    DatasetInput(
-                        Dataset(name=payload, digest=f"d{i}", source_type="local", source=payload),
-                        [InputTag("mlflow.data.context", "train")],
-                    )
-                ],
-            )
+            log_train_dataset(client, run.info.run_id, payload, f"d{i}", payload)
             client.set_terminated(
                 run.info.run_id,
                 "FINISHED",
