@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from audit.errors import InputError, utf8_problem
 
 DEFAULT_CONFIG_NAME = "audit.toml"
+TEAM_SOURCES = ("tag", "account", "user")
 
 # section -> key -> (expected python type(s), default). A nested dict default means the
 # key holds a free-form table whose values are validated by their consumer.
@@ -45,7 +46,10 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "target": ((list,), ["eval/target/*"]),  # globs: the task being trained for
     },
     "attribution": {
-        "team_tag": ((str,), "team"),  # run tag naming the team (else Slurm account, else user)
+        "team_tag": ((str,), "team"),  # run tag naming the team
+        # where a run's or job's team comes from, first known wins: the run tag team_tag,
+        # the Slurm account, the user (spend and waste are attributed the same way)
+        "team_order": ((list,), ["tag", "account", "user"]),
         "method_keys": ((list,), ["method", "training_method"]),  # param or tag: sft / rl / opd
         "base_model_keys": ((list,), ["base_model", "model_name_or_path"]),
         "baseline_tag": ((str,), "audit.baseline"),
@@ -72,6 +76,31 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
                 "local_rank",
             ],
         ),
+    },
+    "cost": {
+        # GPU count of a run without a Slurm job or system metrics: the first of these params
+        # or tags that holds a positive whole number; "a*b" multiplies two keys. Defaults
+        # cover HF/torchrun, verl (trainer.*), NeMo-RL (cluster.*) and OpenRLHF naming.
+        "gpu_count_keys": (
+            (list,),
+            [
+                "num_gpus",
+                "n_gpus",
+                "n_gpu",
+                "gpu_count",
+                "trainer.n_gpus_per_node*trainer.nnodes",
+                "cluster.gpus_per_node*cluster.num_nodes",
+                "actor_num_gpus_per_node*actor_num_nodes",
+                "nproc_per_node*nnodes",
+                "nproc_per_node",
+                "num_processes",
+                "world_size",
+            ],
+        ),
+        "gpu_type_keys": ((list,), ["gpu_type", "gpu_name", "gpu_model"]),
+        # assumed for runs with no other evidence; 0 leaves their cost unknown
+        "default_gpus_per_run": ((int, float), 0),
+        "default_gpu_type": ((str,), ""),
     },
     "cluster": {
         "timezone": ((str,), "UTC"),
@@ -139,7 +168,7 @@ def _merge_rules(values: dict, table: Any, path: _Locator) -> None:
         raise InputError(
             f"config {path}: [rules] holds one table per rule code, e.g. [rules.OVP001]"
         )
-    from audit.engine import validate_rule_settings  # the rules own their threshold schemas
+    from audit.rule_registry import validate_rule_settings  # rules own their threshold schemas
 
     for code, settings in table.items():
         values["rules"][code] = validate_rule_settings(code, settings, f"config {path}")
@@ -237,7 +266,7 @@ class _Locator:
 
 
 # Tables whose keys are validated by their consumers: [rules.CODE] by each rule's
-# threshold schema (audit.engine), [[suppress]] entries here.
+# threshold schema (audit.rule_registry), [[suppress]] entries here.
 FREE_SECTIONS = ("rules", "suppress")
 
 
@@ -289,6 +318,18 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
             elif isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
                 raise InputError(f"config {path}: [{section}] {key} must map strings to strings")
             values[section][key] = value
+    order = values["attribution"]["team_order"]
+    unknown = [s for s in order if s not in TEAM_SOURCES]
+    if unknown or not order:
+        raise InputError(
+            f"config {path.at('attribution', 'team_order')}: [attribution] team_order takes "
+            f"{', '.join(TEAM_SOURCES)} in the order to try, got {order!r}"
+        )
+    if not 0 <= values["cost"]["default_gpus_per_run"] <= 1_000_000:
+        raise InputError(
+            f"config {path.at('cost', 'default_gpus_per_run')}: [cost] default_gpus_per_run "
+            "must be a GPU count from 0 (unknown) to 1000000"
+        )
     try:
         ZoneInfo(values["cluster"]["timezone"])
     except (ZoneInfoNotFoundError, ValueError):

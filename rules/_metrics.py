@@ -2,12 +2,48 @@
 
 from __future__ import annotations
 
-from audit.engine import RuleContext
+from audit.rule_api import RuleContext
 
 TRAINING_METHODS_EXCLUDED = ("eval", "evaluation", "inference", "baseline")
+
+# Words in metric names of common general-capability benchmarks: used only to tell the user
+# which of their metrics [metrics] general probably should match.
+GENERAL_BENCHMARK_WORDS = (
+    "general",
+    "mmlu",
+    "gsm8k",
+    "hellaswag",
+    "arc",
+    "ifeval",
+    "truthfulqa",
+    "bbh",
+    "humaneval",
+    "mbpp",
+    "winogrande",
+    "piqa",
+    "boolq",
+    "math",
+    "gpqa",
+)
 
 
 def glob_sql(ctx: RuleContext, kind: str) -> tuple[str, list[str]]:
     """SQL condition matching metric keys against the configured globs of ``kind``."""
     globs = ctx.metric_globs(kind)
     return "(" + " OR ".join(["key GLOB ?"] * len(globs)) + ")" if globs else "FALSE", globs
+
+
+def lookalike_metrics(ctx: RuleContext, limit: int = 10) -> list[tuple[str, int]]:
+    """Metric keys that look like general benchmarks, with the number of runs logging each."""
+    return [
+        (row["key"], row["runs"])
+        for row in ctx.rows(
+            """
+            SELECT key, count(*) AS runs FROM latest_metrics
+            WHERE list_has_any(regexp_split_to_array(lower(key), '[^a-z0-9]+'), ?)
+               OR contains(lower(key), 'general')
+            GROUP BY key ORDER BY runs DESC, key LIMIT ?
+            """,
+            [list(GENERAL_BENCHMARK_WORDS), limit],
+        )
+    ]

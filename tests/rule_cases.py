@@ -107,6 +107,10 @@ def build_warehouse(path: Path, data: dict, config_text: str = ""):
             "gpus": job.get("gpus", 8),
             "gpu_type": job.get("gpu_type", "h100"),
         }
+        # sacct's per-job GPU usage (TRESUsageInMax rolled up from the steps), when given
+        for key in ("max_gpu_util_pct", "max_gpu_mem_bytes"):
+            if key in job:
+                row[key] = job[key]
         insert_frame(con, "jobs", pl.DataFrame([row]))
         con.execute(
             "INSERT INTO job_nodes VALUES ('default', ?, ?)",

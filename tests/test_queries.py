@@ -232,7 +232,9 @@ def test_compare(demo_db, run_cli):
         "output_dir",
         "run_name",
     ]
-    assert parts["cost"].row(1)[1] == "48.27"
+    cost = {row[0]: row[1] for row in parts["cost"].iter_rows()}
+    assert cost["GPU-hours"] == "48.27" and cost["team"] == "coder"
+    assert cost["cost basis"] == "Slurm job 4700102: 8 GPUs × 6.03 h elapsed"
     code, out, _ = run_cli("--db", str(demo_db["db"]), "runs", "compare", a, b)
     assert code == 0 and "learning_rate" in out and "GPU-hours" in out
 

@@ -82,13 +82,19 @@ def test_weekly_json(run_cli, fresh_demo_db):
         "gpu_hours_wasted": 267.8,
         "reclaimable_gb": 291.5,
         "findings": 16,
+        "unknown_cost_findings": 0,
+        "unknown_cost_run_hours": 0,
     }
     assert [t["week"] for t in doc["trend"]] == [f"2026-W{w}" for w in range(40, 48)]
-    assert (
-        doc["trend"][-1]["usd"] == 810.0 and doc["trend"][0]["findings"] == 7
-    )  # checkpoints stay on disk every week
-    assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP001", "CKP002", "CKP003"}
-    assert len(doc["changes"]["new"]) == 9
+    # storage waste belongs to the weeks its files existed: the orphan sweep of September
+    # in every week, the runs' checkpoints only from W47 on (not in weeks before the runs)
+    assert doc["trend"][-1]["usd"] == 810.0
+    assert [t["findings"] for t in doc["trend"][:-1]] == [1] * 7
+    assert [t["has_data"] for t in doc["trend"]] == [False] * 7 + [True]
+    assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP003"}
+    assert doc["activity"] == {"runs": 16, "gpu_jobs": 17, "empty": False}
+    assert doc["previous"]["activity"]["empty"] is True
+    assert len(doc["changes"]["new"]) == 15
     by_method = {m["method"]: m for m in doc["methods"]["by_method"]}
     assert by_method["sft"]["mean_general_change"] < by_method["rl"]["mean_general_change"]
     assert (

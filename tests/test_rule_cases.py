@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from audit.engine import get_rule, run_rules
+from audit.rule_registry import get_rule
+from audit.scans import run_rules
+from audit.windows import Window
 from tests.rule_cases import at, build_warehouse, load_case_files
 
 CASES = load_case_files()
@@ -20,7 +22,10 @@ def test_rule_case(code, case, tmp_path):
     try:
         window = case.get("window", {})
         (result,) = run_rules(
-            wh.con, config, [get_rule(code)], at(window.get("since")), at(window.get("until"))
+            wh.con,
+            config,
+            [get_rule(code)],
+            Window(at(window.get("since")), at(window.get("until"))),
         )
     finally:
         wh.close()
@@ -37,11 +42,20 @@ def test_rule_case(code, case, tmp_path):
             assert str(finding.subject.get(key)) == str(value), (finding.subject, want)
         if "severity" in want:
             assert finding.severity.label == want["severity"]
-        for field in ("gpu_hours", "usd"):
-            if field in want:
+        for field in ("gpu_hours", "usd", "run_hours"):
+            if field in want and want[field] is None:
+                assert getattr(finding, field) is None, finding.evidence
+            elif field in want:
                 assert getattr(finding, field) == pytest.approx(want[field], abs=0.01), (
                     finding.evidence
                 )
+        for key, value in want.get("evidence", {}).items():
+            assert finding.evidence.get(key) == value, finding.evidence
+        if "cost_basis_has" in want:
+            assert want["cost_basis_has"] in (finding.cost_basis or ""), finding.cost_basis
+        for field in ("team", "method"):
+            if field in want:
+                assert getattr(finding, field) == want[field], (field, getattr(finding, field))
         if "gb" in want:
             assert finding.bytes / 1e9 == pytest.approx(want["gb"], abs=0.001)
         for text in want.get("message_has", []):

@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
-from audit.engine import DOC_SECTIONS, Finding, Rule, Severity, all_rules, run_rules
+from audit.rule_api import DOC_SECTIONS, Finding, Rule, Severity
+from audit.rule_registry import all_rules
+from audit.scans import run_rules
 from audit.warehouse import open_warehouse
+from audit.windows import ALL_HISTORY
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "sample_logs"))
@@ -42,6 +45,7 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
             or f["subject"].get("job_id")
             or f["subject"].get("host")
             or f["subject"].get("dataset_digest")
+            or f["subject"].get("experiment")
             or f["subject"].get("run_dir", "").rsplit("/", 1)[-1],
         )
         for f in doc["findings"]
@@ -61,7 +65,7 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
             ("IDL003", "gpu-h04"),
             ("OVP001", "4700112"),
             ("OVP004", "4700111"),
-            ("REG001", "rl-llama-grpo"),
+            ("REG001", "code-edit-posttrain"),
             ("REG002", "sft-qwen-lr1e-4"),
             ("SIL001", plan.DATASETS["edit-pairs"]),
         ]
@@ -71,7 +75,14 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
     assert by_rule["DUP001"]["waste"]["gpu_hours"] == pytest.approx(8 * (6 + 2 / 60), abs=0.01)
     assert by_rule["OVP001"]["waste"]["gpu_hours"] == pytest.approx(7 * (5 + 2 / 60), abs=0.01)
     assert by_rule["IDL001"]["waste"]["gpu_hours"] == pytest.approx(8 * (2 + 1 / 60), abs=0.01)
-    assert by_rule["IDL002"]["waste"] == {"gpu_hours": 12.0, "usd": 36.0, "bytes": 0}
+    assert by_rule["IDL002"]["waste"] == {
+        "gpu_hours": 12.0,
+        "usd": 36.0,
+        "bytes": 0,
+        "run_hours": None,
+    }
+    assert by_rule["REG001"]["evidence"]["runs"][0]["name"] == "rl-llama-grpo"
+    assert by_rule["DUP001"]["cost_basis"] == "Slurm job 4700103: 8 GPUs × 6.03 h elapsed"
     assert by_rule["IDL003"]["waste"]["gpu_hours"] == pytest.approx(8 * 12, abs=0.7)
     assert by_rule["REG002"]["severity"] == "critical"  # registered as coder-edit-sft
     # weights as planned, plus the small JSON files of each checkpoint
@@ -158,7 +169,7 @@ def test_unknown_rule_setting_lists_valid_keys(run_cli, demo_db, tmp_path):
 class Broken(Rule):
     """Always raises."""
 
-    code, name, severity = "TST001", "broken", Severity.LOW
+    code, name, severity, family_label = "TST001", "broken", Severity.LOW, "tests"
 
     def check(self, ctx):
         raise ZeroDivisionError("boom")
@@ -167,7 +178,7 @@ class Broken(Rule):
 class Fine(Rule):
     """Finds one thing."""
 
-    code, name, severity = "TST002", "fine", Severity.LOW
+    code, name, severity, family_label = "TST002", "fine", Severity.LOW, "tests"
 
     def check(self, ctx):
         yield Finding("TST002", "fine", Severity.LOW, {"x": 1}, "m", {"formula": "-"}, "r")
@@ -177,7 +188,7 @@ def test_a_rule_that_raises_becomes_an_error_and_the_scan_goes_on(tmp_path):
     from audit.config import load_config
 
     wh = open_warehouse(tmp_path / "w.duckdb")
-    broken, fine = run_rules(wh.con, load_config(None), [Broken, Fine])
+    broken, fine = run_rules(wh.con, load_config(None), [Broken, Fine], ALL_HISTORY)
     wh.close()
     assert broken.status == "error" and "ZeroDivisionError: boom" in broken.reason
     assert fine.status == "ok" and len(fine.findings) == 1
@@ -195,7 +206,8 @@ def test_empty_warehouse_skips_every_rule_with_a_reason(run_cli, tmp_path):
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
 def test_every_rule_is_documented(rule, run_cli):
-    assert re.fullmatch(r"(DUP|OVP|CKP|REG|IDL|SIL)\d{3}", rule.code)
+    assert re.fullmatch(r"[A-Z]{3}\d{3}", rule.code)
+    assert rule.family_label
     assert re.fullmatch(r"[a-z]+(-[a-z]+)*", rule.name)
     assert rule.summary()
     sections = rule.sections()
@@ -225,14 +237,15 @@ def test_third_party_rules_load_through_entry_points(tmp_path, monkeypatch, run_
     plugin = tmp_path / "site"
     (plugin / "acme_rules").mkdir(parents=True)
     (plugin / "acme_rules" / "__init__.py").write_text(
-        "from audit.engine import Rule, Severity\n\n"
+        "from audit.rule_api import Rule, Severity\n\n"
         "class TooManyRuns(Rule):\n"
         '    """Flags warehouses with more than one run (a plug-in example)."""\n\n'
-        '    code, name, severity = "DUP900", "too-many-runs", Severity.INFO\n\n'
+        '    code, name, severity = "NET001", "too-many-runs", Severity.INFO\n'
+        '    family_label = "network"\n\n'
         "    def check(self, ctx):\n"
         '        (n,) = ctx.rows("SELECT count(*) AS n FROM runs")[0].values()\n'
         "        if n > 1:\n"
-        '            yield self.finding(ctx, {"runs": n}, f"{n} runs (threshold 1)", {"formula": "count"})\n'
+        '            yield self.finding({"runs": n}, f"{n} runs (threshold 1)", {"formula": "count"})\n'
     )
     info = plugin / "acme_rules-1.0.dist-info"
     info.mkdir()
@@ -241,6 +254,19 @@ def test_third_party_rules_load_through_entry_points(tmp_path, monkeypatch, run_
         "[audit.rules]\ntoo-many-runs = acme_rules:TooManyRuns\n"
     )
     monkeypatch.syspath_prepend(str(plugin))
-    assert "DUP900" in all_rules()
+    assert "NET001" in all_rules()
     _code, out, _ = run_cli("rules", "list")
-    assert "DUP900  too-many-runs" in out
+    assert "NET001  too-many-runs" in out
+    # a plug-in family is a family of its own in summaries, not only part of "all"
+    from tests.rule_cases import build_warehouse
+
+    wh, _ = build_warehouse(
+        tmp_path / "w.duckdb", {"runs": [{"run_id": "a"}, {"run_id": "b", "start": 2, "end": 3}]}
+    )
+    wh.close()
+    code, out, err = run_cli("--db", str(tmp_path / "w.duckdb"), "scan", "--format", "json")
+    assert code == 0, err
+    families = {f["family"]: f for f in json.loads(out)["summary"]["families"]}
+    assert families["NET"]["label"] == "network" and families["NET"]["findings"] == 1
+    code, out, _ = run_cli("--db", str(tmp_path / "w.duckdb"), "scan")
+    assert re.search(r"^NET\s+network\s+1\s", out, re.M)

@@ -9,8 +9,11 @@ import click
 
 from audit.cli import AppContext, cli, pass_app
 from audit.cli.output import safe, table
-from audit.engine import Severity, all_rules, get_rule, scan, select_rules
+from audit.rule_api import Severity
+from audit.rule_registry import all_rules, get_rule, select_rules
+from audit.scans import scan
 from audit.summary import summarise
+from audit.windows import Window
 
 DATE = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
 SEVERITIES = [s.label for s in Severity]
@@ -78,6 +81,16 @@ def render_table(result, summary, top: int = 10) -> str:
     lines.append(
         f"waste: {waste['gpu_hours']:,.1f} GPU-h, ${waste['usd']:,.2f}{share}, {waste['bytes'] / 1e9:,.1f} GB reclaimable"
     )
+    if waste["unknown_cost"]:
+        lines.append(
+            f"unknown cost: {waste['unknown_cost']} findings ({waste['unknown_cost_run_hours']:,.2f} "
+            "run-hours) have no GPU count in any source; not included above"
+        )
+    if spend["runs_without_cost"]:
+        lines.append(
+            f"spend excludes {spend['runs_without_cost']} runs with an unknown GPU count "
+            f"({spend['run_hours_without_cost']:,.2f} run-hours): see [cost] in audit.toml"
+        )
     if summary["suppressed"]:
         lines.append(f"suppressed: {summary['suppressed']} findings (listed in --format json)")
     active = result.active
@@ -92,8 +105,8 @@ def render_table(result, summary, top: int = 10) -> str:
                         f.severity.label,
                         f.rule,
                         _subject(f.subject),
-                        f"{f.gpu_hours:,.1f}",
-                        f"{f.usd:,.2f}",
+                        "?" if f.gpu_hours is None else f"{f.gpu_hours:,.1f}",
+                        "?" if f.usd is None else f"{f.usd:,.2f}",
                         f.message,
                     ]
                     for f in active[:top]
@@ -136,8 +149,9 @@ def render_markdown(result, summary, top: int = 20) -> str:
     ]
     out += ["", "| severity | rule | subject | waste | finding |", "|---|---|---|--:|---|"]
     for f in result.active[:top]:
+        cost = "unknown" if f.usd is None else f"${f.usd:,.2f}"
         out.append(
-            f"| {f.severity.label} | {f.rule} | {_md(_subject(f.subject))} | ${f.usd:,.2f} | {_md(f.message)} |"
+            f"| {f.severity.label} | {f.rule} | {_md(_subject(f.subject))} | {cost} | {_md(f.message)} |"
         )
     return "\n".join(out) + "\n"
 
@@ -147,7 +161,15 @@ def _md(text: str) -> str:
 
 
 def _subject(subject: dict) -> str:
-    for key in ("run_name", "job_id", "host", "dataset_digest", "run_dir"):
+    for key in (
+        "run_name",
+        "job_id",
+        "host",
+        "dataset_digest",
+        "run_dir",
+        "experiment",
+        "base_model",
+    ):
         if subject.get(key):
             return str(subject[key])
     return json.dumps(subject, default=str)
@@ -196,17 +218,16 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
         raise click.UsageError("--format html needs --output PATH")
     rules = select_rules(select, ignore)
     config = app.config
+    window = Window(since, until)
+    shared: dict = {}
     with app.warehouse() as wh:
-        result = scan(wh, config, rules, since, until)
-        summary = summarise(result, wh.con, config)
+        result = scan(wh, config, rules, window, shared)
+        summary = summarise(result, wh.con, config, shared)
         if fmt == "html":
             from audit.reports.render import render_html
-            from audit.reports.weekly import Window, build_report
+            from audit.reports.weekly import build_report
 
-            label = f"{since or 'start'} to {until or 'now'}"
-            html = render_html(
-                build_report(wh, config, Window(label, since, until), weekly=False, result=result)
-            )
+            html = render_html(build_report(wh, config, window, weekly=False, result=result))
     document = scan_document(result, summary)
     if fmt == "html":
         text = html

@@ -249,4 +249,11 @@ CREATE TABLE prune_log (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4]
+V5 = """
+-- a finding whose GPU count is unknown keeps gpu_hours and usd NULL and says how long the
+-- runs ran instead; cost_basis names the evidence a figure stands on
+ALTER TABLE findings ADD COLUMN run_hours DOUBLE;
+ALTER TABLE findings ADD COLUMN cost_basis VARCHAR;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
