@@ -122,6 +122,31 @@ def test_weekly_json(run_cli, fresh_demo_db):
     }
 
 
+def test_ad_hoc_scans_are_never_reused_as_the_week(run_cli, fresh_demo_db):
+    """A partial scan of the week (--select, its window) must not become the stored scan the
+    report or the next report's previous-week figures reuse."""
+    base = ["--db", str(fresh_demo_db["db"]), "--config", str(fresh_demo_db["config"]), "scan"]
+    for week in (("2026-11-16", "2026-11-23"), ("2026-11-09", "2026-11-16")):
+        code, _, err = run_cli(
+            *base, "--select", "OVP,IDL", "--since", week[0], "--until", week[1], env=PINNED
+        )
+        assert code == 0, err
+    _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
+    doc = json.loads(out)
+    assert doc["scan_id"] == 3  # a new, complete scan, not the ad-hoc scan #1
+    assert doc["headline"]["usd_wasted"] == 810.0 and doc["headline"]["findings"] == 16
+    assert {r["rule"] for r in doc["rules"]} == {
+        "CKP001", "CKP002", "CKP003", "DUP001", "IDL001", "IDL002", "IDL003",
+        "OVP001", "OVP002", "OVP003", "OVP004", "REG001", "REG002", "SIL001",
+    }  # fmt: skip
+    # W46's figures come from a complete scan too (the orphan checkpoint of September is in
+    # it; the ad-hoc OVP,IDL scan of W46 had no storage finding)
+    assert doc["previous"]["headline"]["findings"] == 1
+    # the complete scan of W47 is reused by the next render; the ad-hoc one never is
+    _code, again, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
+    assert json.loads(again)["scan_id"] == 3
+
+
 def test_default_week_is_the_last_complete_one(run_cli, fresh_demo_db):
     code, out, _ = run_cli(
         "--db",
