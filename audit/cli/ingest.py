@@ -70,6 +70,8 @@ def _fields(value: str | None) -> list[str] | None:
 
 
 def _report_skipped(summary) -> None:
+    for message in summary.notes:
+        click.echo(f"note: {message}", err=True)
     for message in summary.skipped[:20]:
         click.echo(f"skipped: {message}", err=True)
     if len(summary.skipped) > 20:

@@ -31,6 +31,7 @@ class FileImportSummary:
     rows_read: int = 0
     rows_written: int = 0
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     detail: str = ""
 
@@ -145,6 +146,7 @@ def import_gpu(
             batch.flush()
         summary.rows_read = sum(p.rows_read for p in parsed)
         summary.skipped = [s for p in parsed for s in p.skipped]
+        summary.notes = [n for p in parsed for n in p.notes]
         summary.rows_written = (
             con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before
         )
