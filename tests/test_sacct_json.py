@@ -3,7 +3,8 @@
 tests/data/slurm/sacct-v0.0.40.json is the layout of Slurm 23.11 (data_parser v0.0.40);
 the other layouts are derived from it the way Slurm's dumps differ (checked against
 Slurm's data_parser sources and committed outputs of Slurm 21.08, 22.05, 23.02, 23.11,
-24.05-25.11): v0.0.41+ add step limits and I/O paths; up to v0.0.39 ``state.current`` is
+24.05-25.11): v0.0.41+ add step limits and I/O paths and may give a start that never
+happened as 4294967294 (Slurm's NO_VAL); up to v0.0.39 ``state.current`` is
 one word and step times plain numbers;
 v0.0.39 gives ``step.id`` as {"job_id", "step_id"}; v0.0.37/38 give time limits, array
 task ids and het offsets as plain numbers (null when unset), empty texts as null and
@@ -38,6 +39,8 @@ def layout(version: str) -> dict:
             job["state"]["current"] = job["state"]["current"][0]
         if version >= "v0.0.41":
             job.update(qosreq="", restart_cnt=0, segment_size=0, stdout_expanded="")
+            if not job["time"]["start"]:  # Slurm 25.11: never started is NO_VAL, not 0
+                job["time"]["start"] = 4294967294
         for step in job["steps"]:
             name = step["step"]["id"].split(".", 1)[1]
             if version == "v0.0.39":

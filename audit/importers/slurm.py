@@ -687,6 +687,10 @@ def _member(obj: dict, dotted: str, where: str = ""):
 
 
 _INFINITE = object()
+# Slurm's markers for "no value" and "infinite" in 32- and 64-bit fields: a job cancelled
+# before it started has time.start 4294967294 (sacct -P prints None).
+_NO_VALUE = {2**32 - 2, 2**64 - 2}
+_INFINITE_VALUE = {2**32 - 1, 2**64 - 1}
 
 
 def _json_number(obj: dict, dotted: str, where: str = ""):
@@ -707,6 +711,10 @@ def _json_number(obj: dict, dotted: str, where: str = ""):
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise LineError(f"{shown}: expected a whole number, got {describe(value)}")
+    if value in _NO_VALUE:
+        return None
+    if value in _INFINITE_VALUE:
+        return _INFINITE
     if not 0 <= value <= INT64_MAX:
         raise LineError(f"{shown}: {value} is out of range")
     return value
@@ -730,11 +738,10 @@ def _json_limit(obj: dict, dotted: str) -> str:
 
 
 def _json_time(obj: dict, dotted: str) -> str:
-    """Seconds since 1970 -> an ISO time in UTC; 0 (not happened yet) -> ''."""
+    """Seconds since 1970 -> an ISO time in UTC; 0 or Slurm's no-value marker (not
+    happened yet) -> ''."""
     value = _json_number(obj, dotted)
-    if value is _INFINITE:
-        raise LineError(f"{dotted}: expected a time, got infinite")
-    if not value:
+    if value is _INFINITE or not value:
         return ""
     try:
         return datetime.fromtimestamp(value, UTC).isoformat()
