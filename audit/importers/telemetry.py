@@ -320,9 +320,10 @@ def _in_range(column: pl.Expr, fmt: str) -> pl.Expr:
 
 def _timestamp_problem(raw: str | None) -> str:
     for fmt in _TIME_FORMATS:
-        moment = pl.select(pl.lit(raw).str.strptime(pl.Datetime("us"), fmt, strict=False)).item()
-        if moment is not None and time_problem(moment):
-            return f"timestamp: {time_problem(moment)}"
+        parsed = pl.lit(raw, dtype=pl.String).str.strptime(pl.Datetime("us"), fmt, strict=False)
+        year = pl.select(parsed.dt.year()).item()  # the year alone: -2026 is no datetime
+        if year is not None and not FIRST_YEAR <= year <= LAST_YEAR:
+            return f"timestamp: {str(raw)[:40]!r} is outside the years {FIRST_YEAR}-{LAST_YEAR}"
     return f"timestamp: expected 2024/03/15 13:57:59.791, got {str(raw)[:40]!r}"
 
 
