@@ -1,10 +1,12 @@
-"""Text files as people save them: which encodings are read, and a file still being written.
+"""Text files as people save them: which encodings are read, a file still being written,
+and strict JSON.
 
 Accepted: UTF-8 with or without a byte-order mark, and UTF-16 (little- or big-endian) with
 a byte-order mark, which is what Windows PowerShell's ``>`` writes. UTF-16 is transcoded to
 a temporary UTF-8 file in 1 MiB pieces, so a large log never sits in memory twice. Anything
 else (UTF-32, UTF-16 without a byte-order mark, binary data, invalid UTF-8) is an input
-error that names the problem.
+error that names the problem. JSON is read without NaN/Infinity literals, and nesting too
+deep for the parser is an input error; ``describe`` shows a JSON value in a message.
 """
 
 from __future__ import annotations
