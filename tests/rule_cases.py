@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
+import json
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -108,9 +111,12 @@ def build_warehouse(path: Path, data: dict, config_text: str = ""):
             "gpu_type": job.get("gpu_type", "h100"),
         }
         # sacct's per-job GPU usage (TRESUsageInMax rolled up from the steps), when given
-        for key in ("max_gpu_util_pct", "max_gpu_mem_bytes"):
+        for key in ("max_gpu_util_pct", "max_gpu_mem_bytes", "admin_comment"):
             if key in job:
                 row[key] = job[key]
+        if "jobstats" in job:  # a jobstats summary as its epilog stores it: JS1:<base64 gzip JSON>
+            packed = gzip.compress(json.dumps(job["jobstats"]).encode())
+            row["admin_comment"] = "JS1:" + base64.b64encode(packed).decode()
         insert_frame(con, "jobs", pl.DataFrame([row]))
         con.execute(
             "INSERT INTO job_nodes VALUES ('default', ?, ?)",

@@ -70,6 +70,8 @@ def _fields(value: str | None) -> list[str] | None:
 
 
 def _report_skipped(summary) -> None:
+    for message in summary.notes:
+        click.echo(f"note: {message}", err=True)
     for message in summary.skipped[:20]:
         click.echo(f"skipped: {message}", err=True)
     if len(summary.skipped) > 20:
@@ -102,17 +104,19 @@ skip_bad_option = click.option(
 @skip_bad_option
 @pass_app
 def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -> None:
-    """Import Slurm accounting (sacct -P output, with or without header).
+    """Import Slurm accounting (sacct -P output, with or without header, or sacct --json).
 
     Job and step rows (123.batch, 123.0, 123_4) are read; step usage (GPU utilisation and
-    memory from TRESUsageInMax) rolls up to the job. Naive times are read in the
-    configured [cluster] timezone.
+    memory from TRESUsageInMax and TRESUsageInAve) rolls up to the job. Naive times are
+    read in the configured [cluster] timezone. A job already imported keeps its newer
+    record, whatever the order of imports.
 
     \b
     Example:
-      sacct -a -X -P -S 2026-11-16 -E 2026-11-23 -o JobID,JobName,User,... > week.sacct
+      sacct -a -P -S 2026-11-16 -E 2026-11-23 -o JobID,JobName,User,... > week.sacct
       audit ingest slurm week.sacct
       audit ingest slurm --fields JobID,JobName,User --delimiter '☃' dump.txt
+      sacct -a --json -S 2026-11-16 -E 2026-11-23 > week.json && audit ingest slurm week.json
     """
     from audit.importers.cluster import import_slurm
 
@@ -148,7 +152,9 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     """Import GPU telemetry: nvidia-smi CSV, dcgm-exporter text, Prometheus JSON.
 
     The format is detected from the content. nvidia-smi files may have any column order
-    and subset, units in the header or the values, N/A values, and no index column.
+    and subset, units in the header or the values, N/A values, and no index column (one
+    GPU per file, or GPUs by their order in each sample); UTF-8 or UTF-16 with BOM. A last
+    line cut off by a file still being written is skipped with a note.
 
     \b
     Example:

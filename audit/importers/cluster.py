@@ -19,7 +19,7 @@ from audit.config import Config
 from audit.importers.checkpoints import scan_roots
 from audit.importers.files import insert_frame, log_file_import, now_utc, replace_by_key
 from audit.importers.links import refresh_links
-from audit.importers.slurm import read_sacct
+from audit.importers.slurm import newest_records, read_sacct
 from audit.importers.telemetry import read_telemetry
 from audit.warehouse import Warehouse
 
@@ -31,6 +31,7 @@ class FileImportSummary:
     rows_read: int = 0
     rows_written: int = 0
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     detail: str = ""
 
@@ -64,17 +65,22 @@ def import_slurm(
         )
         for p in paths
     ]
-    jobs = pl.concat([p.jobs for p in parsed]).unique(
-        ["cluster", "job_id"], keep="last", maintain_order=True
-    )
-    nodes = pl.concat([p.nodes for p in parsed]).join(
-        jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi"
-    )
-    nodes = nodes.unique(maintain_order=True)
+    incoming = newest_records(pl.concat([p.jobs for p in parsed]))
     summary.rows_read = sum(p.lines for p in parsed)
     summary.skipped = [s for p in parsed for s in p.skipped]
-    summary.rows_written = jobs.height
+    summary.notes = [n for p in parsed for n in p.notes]
     with wh.transaction() as con:
+        jobs = newest_records(incoming, _stored_jobs(con, incoming))
+        if jobs.height < incoming.height:
+            summary.notes.append(
+                f"{incoming.height - jobs.height} jobs left as they are: the warehouse holds "
+                "a newer record of them"
+            )
+        summary.rows_written = jobs.height
+        nodes = pl.concat([p.nodes for p in parsed]).join(
+            jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi"
+        )
+        nodes = nodes.unique(maintain_order=True)
         replace_by_key(
             con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"]
         )
@@ -98,6 +104,18 @@ def import_slurm(
                 summary.seconds,
             )
     return summary
+
+
+def _stored_jobs(con, incoming: pl.DataFrame) -> pl.DataFrame:
+    """The warehouse's records of the incoming jobs."""
+    con.register("incoming_job_keys", incoming.select("cluster", "job_id"))
+    try:
+        return con.sql(
+            "SELECT j.* FROM jobs j SEMI JOIN incoming_job_keys k "
+            "ON k.cluster = j.cluster AND k.job_id = j.job_id"
+        ).pl()
+    finally:
+        con.unregister("incoming_job_keys")
 
 
 def import_gpu(
@@ -145,6 +163,7 @@ def import_gpu(
             batch.flush()
         summary.rows_read = sum(p.rows_read for p in parsed)
         summary.skipped = [s for p in parsed for s in p.skipped]
+        summary.notes = [n for p in parsed for n in p.notes]
         summary.rows_written = (
             con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before
         )

@@ -256,4 +256,12 @@ ALTER TABLE findings ADD COLUMN run_hours DOUBLE;
 ALTER TABLE findings ADD COLUMN cost_basis VARCHAR;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+
+V6 = """
+ALTER TABLE jobs ADD COLUMN eligible_time TIMESTAMP;    -- UTC; queue wait = start - eligible
+ALTER TABLE jobs ADD COLUMN ave_gpu_util_pct DOUBLE;    -- max over steps of TRESUsageInAve gres/gpuutil
+ALTER TABLE jobs ADD COLUMN ave_gpu_mem_bytes BIGINT;   -- max over steps of TRESUsageInAve gres/gpumem
+ALTER TABLE jobs ADD COLUMN admin_comment VARCHAR;      -- AdminComment as written (jobstats: JS1:...)
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
