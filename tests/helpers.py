@@ -15,7 +15,8 @@ import duckdb
 import requests
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "realdata"
+# Beside the project root; AUDIT_REALDATA points elsewhere (a git worktree has no sibling).
+SHARED = Path(os.environ.get("AUDIT_REALDATA") or REPO.parent / "shared" / "realdata")
 
 
 def free_port() -> int:

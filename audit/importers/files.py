@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import polars as pl
+
+T = TypeVar("T")
 
 
 def now_utc() -> datetime:
@@ -45,3 +51,40 @@ def log_file_import(
         "INSERT INTO file_imports VALUES (?, ?, ?, ?, ?, ?, ?)",
         [kind, location, now_utc(), read, written, skipped, seconds],
     )
+
+
+def prefetch(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """Read the next batches in a thread while the caller writes the current one.
+
+    Reading (SQLite/HTTP, Arrow conversion) and DuckDB inserts both release the GIL, so
+    the two overlap on separate cores. Errors in the reader re-raise in the caller.
+    """
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        handoff.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handoff.put(done)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            handoff.put(exc)
+
+    thread = threading.Thread(target=produce, name="audit-import-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := handoff.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

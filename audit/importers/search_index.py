@@ -1,4 +1,4 @@
-"""The wide search table, rebuilt by every MLflow import inside its transaction.
+"""The wide search table, refreshed by every run import inside its transaction.
 
 ``search_runs`` is ``runs`` plus the experiment name plus, per run, three columns per
 param key (``params.<key>#norm``, ``#num``, ``#raw``), one per tag (``tags.<key>``) and one
@@ -112,3 +112,16 @@ def update_search_tables(con, source_id: str, run_ids: list[str]) -> None:
         "AND s.experiment IS DISTINCT FROM e.name"
     )
     con.unregister("search_changed")
+
+
+def refresh_search_tables(con, changed: dict[str, list[str]], runs_seen: int) -> None:
+    """After an import that rewrote ``changed`` (source id -> run ids) of ``runs_seen`` runs:
+    rewrite those rows, or rebuild the table when it is missing or a tenth of the runs changed."""
+    exists = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [SEARCH_TABLE]
+    ).fetchall()[0][0]
+    if not exists or sum(len(ids) for ids in changed.values()) > runs_seen // 10:
+        rebuild_search_tables(con)
+        return
+    for source_id, run_ids in changed.items():
+        update_search_tables(con, source_id, run_ids)
