@@ -70,10 +70,16 @@ def _fields(value: str | None) -> list[str] | None:
 
 
 def _report_skipped(summary) -> None:
+    for message in summary.warnings[:20]:
+        click.echo(f"warning: {message}", err=True)
+    if len(summary.warnings) > 20:
+        click.echo(f"warning: ... {len(summary.warnings) - 20} more", err=True)
     for message in summary.skipped[:20]:
         click.echo(f"skipped: {message}", err=True)
     if len(summary.skipped) > 20:
-        click.echo(f"skipped: ... {len(summary.skipped) - 20} more bad lines", err=True)
+        click.echo(
+            f"skipped: ... {len(summary.skipped) - 20} more bad {summary.skipped_what}", err=True
+        )
 
 
 skip_bad_option = click.option(
@@ -185,4 +191,43 @@ def ingest_checkpoints(app: AppContext, roots) -> None:
     config = app.config
     with app.warehouse() as wh:
         summary = import_checkpoints(wh, _paths(roots), config)
+    click.echo(summary.line())
+
+
+skip_bad_runs_option = click.option(
+    "--skip-bad",
+    is_flag=True,
+    help="Import the readable runs and list the unreadable ones (default: stop at the first, "
+    "write nothing).",
+)
+
+
+@ingest.command("wandb")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@skip_bad_runs_option
+@pass_app
+def ingest_wandb(app: AppContext, paths, skip_bad) -> None:
+    """Import W&B run folders from disk (offline or synced; no network, no API key).
+
+    PATH is a wandb/ folder, a run folder (run-*/offline-run-*), a .wandb file, or any
+    folder above them. Reads each run's .wandb transaction log: config as params, history
+    as metrics, system metrics as GPU samples of the run, exit status. Needs the
+    'audit-waste[wandb]' extra; without it only files/ (config, summary, metadata) is read.
+    A log cut short imports what precedes the damage, with a warning; a re-import reads
+    only what a log gained since.
+
+    \b
+    Example:
+      pip install 'audit-waste[wandb]'
+      audit ingest wandb /scratch/agents/wandb
+      audit ingest wandb --skip-bad runs/*/wandb
+    """
+    from audit.importers.wandb import import_wandb
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_wandb(
+            wh, _paths(paths), config, skip_bad, ProgressReporter("importing W&B runs")
+        )
+    _report_skipped(summary)
     click.echo(summary.line())
