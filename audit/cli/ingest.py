@@ -231,3 +231,31 @@ def ingest_wandb(app: AppContext, paths, skip_bad) -> None:
         )
     _report_skipped(summary)
     click.echo(summary.line())
+
+
+@ingest.command("trainer-logs")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@skip_bad_runs_option
+@pass_app
+def ingest_trainer_logs(app: AppContext, paths, skip_bad) -> None:
+    """Import runs logged to no tracker: HF Trainer, LLaMA-Factory and verl files.
+
+    PATH is a training output folder or any folder above them, or a log file. One run per
+    output folder, from the most complete trainer_state.json (its own or a checkpoint-N/
+    one) or LLaMA-Factory's trainer_log.jsonl with training_args.yaml and *_results.json;
+    one run per verl file-logger JSONL. training_args.bin is never unpickled.
+
+    \b
+    Example:
+      audit ingest trainer-logs /scratch/coder/saves
+      audit ingest trainer-logs outputs/grpo/metrics.jsonl
+    """
+    from audit.importers.trainer_logs import import_trainer_logs
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_trainer_logs(
+            wh, _paths(paths), config, skip_bad, ProgressReporter("importing trainer logs")
+        )
+    _report_skipped(summary)
+    click.echo(summary.line())
