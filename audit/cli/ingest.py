@@ -259,3 +259,30 @@ def ingest_trainer_logs(app: AppContext, paths, skip_bad) -> None:
         )
     _report_skipped(summary)
     click.echo(summary.line())
+
+
+@ingest.command("tensorboard")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@skip_bad_runs_option
+@pass_app
+def ingest_tensorboard(app: AppContext, paths, skip_bad) -> None:
+    """Import TensorBoard event files: every scalar, and hparams as params.
+
+    PATH is a log dir, a run folder or an event file; each folder holding
+    events.out.tfevents.* files is one run. Read with TensorBoard's own loader (the
+    'audit-waste[tensorboard]' extra), all events, no sampling.
+
+    \b
+    Example:
+      pip install 'audit-waste[tensorboard]'
+      audit ingest tensorboard outputs/sft-qwen/runs
+    """
+    from audit.importers.tensorboard import import_tensorboard
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_tensorboard(
+            wh, _paths(paths), config, skip_bad, ProgressReporter("importing TensorBoard runs")
+        )
+    _report_skipped(summary)
+    click.echo(summary.line())
