@@ -235,12 +235,12 @@ class RunState:
     head_bytes: int = 0
 
     def as_json(self) -> str:
-        return json.dumps({"version": STATE_VERSION, **self.__dict__}, allow_nan=True)
+        return json.dumps({**self.__dict__, "state_format": STATE_VERSION}, allow_nan=True)
 
     @classmethod
     def from_json(cls, text: str) -> RunState | None:
         data = json.loads(text)
-        if data.pop("version", None) != STATE_VERSION:
+        if data.pop("state_format", None) != STATE_VERSION:
             return None
         return cls(**data)
 
