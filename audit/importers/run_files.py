@@ -104,6 +104,7 @@ class RunFolderSource(FileSource):
         self.sources: dict[str, str] = {}
         self.experiments: set[tuple[str, str]] = set()
         self.counts = dict(unchanged=0, params=0, tags=0, points=0, samples=0)
+        self.queue = _RunQueue()
 
     def source_id(self, parsed: ParsedRun) -> str:
         return source_id_of(self.kind, parsed.source_dir)
@@ -148,84 +149,31 @@ class RunFolderSource(FileSource):
         if run.unchanged:
             self.counts["unchanged"] += 1
             return 0
+        if run.append:
+            self._clear_for_append(con, source_id, run)
+        elif (source_id, run.run_id) in self.known:
+            self.queue.stale.append((source_id, run.run_id))
+        self.queue.add(source_id, run)
+        self.changed.setdefault(source_id, []).append(run.run_id)
+        self.counts["params"] += len(run.params)
+        self.counts["tags"] += len(run.tags)
+        self.counts["points"] += run.points.height
+        self.counts["samples"] += run.gpu_samples.height if run.gpu_samples is not None else 0
+        if self.queue.full():
+            self.queue.flush(con, self.kind)
+        return run.points.height
+
+    @staticmethod
+    def _clear_for_append(con, source_id: str, run: ParsedRun) -> None:
+        """A grown log: the run's small tables are rewritten, its points and samples kept."""
         key = [source_id, run.run_id]
-        tables = ("runs", "params", "tags", "latest_metrics") if run.append else RUN_TABLES
-        for table in tables:
+        for table in ("runs", "params", "tags", "latest_metrics", "run_files"):
             con.execute(f"DELETE FROM {table} WHERE source_id = ? AND run_id = ?", key)
-        if run.append and run.replaced_keys:
+        if run.replaced_keys:
             con.execute(
                 "DELETE FROM metrics WHERE source_id = ? AND run_id = ? AND list_contains(?, key)",
                 [*key, run.replaced_keys],
             )
-        if not run.append:
-            con.execute("DELETE FROM gpu_samples WHERE source_id = ? AND run_id = ?", key)
-        con.execute("DELETE FROM run_files WHERE source_id = ? AND run_id = ?", key)
-        insert_frame(con, "runs", runs_frame(self._run_row(run), source_id, now_utc()))
-        points = run.points.with_columns(run_id=pl.lit(run.run_id, pl.String))
-        latest = (
-            run.latest.with_columns(run_id=pl.lit(run.run_id, pl.String))
-            if (run.latest is not None)
-            else latest_from_history(points)
-        )
-        batch = DetailBatch(
-            run_count=1,
-            params=pl.DataFrame(
-                {
-                    "run_id": [run.run_id] * len(run.params),
-                    "key": list(run.params),
-                    "value": [without_emails(v) for v in run.params.values()],
-                },
-                schema=PARAM_SCHEMA,
-            ),
-            tags=pl.DataFrame(
-                {
-                    "run_id": [run.run_id] * len(run.tags),
-                    "key": list(run.tags),
-                    "value": [without_emails(v) for v in run.tags.values()],
-                },
-                schema=TAG_SCHEMA,
-            ),
-            metrics=points.select(list(METRIC_SCHEMA)),
-            latest_metrics=latest.select(list(METRIC_SCHEMA)),
-        )
-        write_batch(con, batch, source_id)
-        samples = run.gpu_samples
-        if samples is not None and samples.height:
-            self._insert_samples(con, samples, source_id, run.run_id)
-            self.counts["samples"] += samples.height
-        if run.cursor is not None:
-            con.execute(
-                "INSERT INTO run_files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    *key,
-                    run.cursor["path"],
-                    run.cursor["size"],
-                    run.cursor["mtime"],
-                    run.cursor["resume_offset"],
-                    run.cursor["state"],
-                ],
-            )
-        self.changed.setdefault(source_id, []).append(run.run_id)
-        self.counts["params"] += len(run.params)
-        self.counts["tags"] += len(run.tags)
-        self.counts["points"] += points.height
-        return points.height
-
-    def _insert_samples(self, con, samples: pl.DataFrame, source_id: str, run_id: str) -> None:
-        frame = samples.with_columns(
-            origin=pl.lit(self.kind), source_id=pl.lit(source_id), run_id=pl.lit(run_id)
-        )
-        columns = ", ".join(frame.columns)
-        con.register("incoming_run_samples", frame)
-        try:
-            # One row per (host, gpu, ts): a sample a host's telemetry already holds is kept.
-            con.execute(
-                f"INSERT INTO gpu_samples ({columns}) SELECT {columns} FROM incoming_run_samples i "
-                "WHERE NOT EXISTS (SELECT 1 FROM gpu_samples e "
-                "WHERE e.host = i.host AND e.gpu = i.gpu AND e.ts = i.ts)"
-            )
-        finally:
-            con.unregister("incoming_run_samples")
 
     @staticmethod
     def _run_row(run: ParsedRun) -> pl.DataFrame:
@@ -252,6 +200,7 @@ class RunFolderSource(FileSource):
         )
 
     def finish(self, con, summary: FileImportSummary) -> None:
+        self.queue.flush(con, self.kind)
         if self.changed:
             runs_seen = con.execute(
                 "SELECT count(*) FROM runs WHERE list_contains(?, source_id)", [list(self.changed)]
@@ -265,3 +214,113 @@ class RunFolderSource(FileSource):
             f"{c['unchanged']} unchanged: {c['params']:,} params, {c['tags']:,} tags, "
             f"{c['points']:,} metric points, {c['samples']:,} GPU samples"
         )
+
+
+class _RunQueue:
+    """Parsed runs gathered into large inserts: one insert per table and source for many
+    runs (a thousand small runs cost 6,000 statements one by one)."""
+
+    max_runs = 500
+    max_points = 2_000_000
+
+    def __init__(self) -> None:
+        self.by_source: dict[str, list[ParsedRun]] = {}
+        self.stale: list[tuple[str, str]] = []  # stored runs to replace
+        self.runs = 0
+        self.points = 0
+
+    def add(self, source_id: str, run: ParsedRun) -> None:
+        self.by_source.setdefault(source_id, []).append(run)
+        self.runs += 1
+        self.points += run.points.height
+
+    def full(self) -> bool:
+        return self.runs >= self.max_runs or self.points >= self.max_points
+
+    def flush(self, con, origin: str) -> None:
+        if self.stale:
+            con.register(
+                "stale_runs",
+                pl.DataFrame(
+                    self.stale, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"
+                ),
+            )
+            for table in (*RUN_TABLES, "gpu_samples", "run_files"):
+                con.execute(
+                    f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM stale_runs s "
+                    "WHERE s.source_id = t.source_id AND s.run_id = t.run_id)"
+                )
+            con.unregister("stale_runs")
+        for source_id, runs in self.by_source.items():
+            _insert_runs(con, source_id, runs, origin)
+        self.__init__()
+
+
+def _frame(column_rows: list[tuple[str, dict[str, str]]], schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(
+        [
+            (run_id, k, without_emails(v))
+            for run_id, values in column_rows
+            for k, v in values.items()
+        ],
+        schema=schema,
+        orient="row",
+    )
+
+
+def _insert_runs(con, source_id: str, runs: list[ParsedRun], origin: str) -> None:
+    now = now_utc()
+    insert_frame(
+        con,
+        "runs",
+        runs_frame(pl.concat([RunFolderSource._run_row(r) for r in runs]), source_id, now),
+    )
+    points = pl.concat(
+        [r.points.with_columns(run_id=pl.lit(r.run_id, pl.String)) for r in runs]
+    ).select(list(METRIC_SCHEMA))
+    latest = pl.concat(
+        [
+            r.latest.with_columns(run_id=pl.lit(r.run_id, pl.String)).select(list(METRIC_SCHEMA))
+            if r.latest is not None
+            else latest_from_history(
+                r.points.with_columns(run_id=pl.lit(r.run_id, pl.String))
+            ).select(list(METRIC_SCHEMA))
+            for r in runs
+        ]
+    )
+    write_batch(
+        con,
+        DetailBatch(
+            run_count=len(runs),
+            params=_frame([(r.run_id, r.params) for r in runs], PARAM_SCHEMA),
+            tags=_frame([(r.run_id, r.tags) for r in runs], TAG_SCHEMA),
+            metrics=points,
+            latest_metrics=latest,
+        ),
+        source_id,
+    )
+    samples = [
+        r.gpu_samples.with_columns(run_id=pl.lit(r.run_id, pl.String))
+        for r in runs
+        if r.gpu_samples is not None and r.gpu_samples.height
+    ]
+    if samples:
+        frame = pl.concat(samples).with_columns(origin=pl.lit(origin), source_id=pl.lit(source_id))
+        columns = ", ".join(frame.columns)
+        con.register("incoming_run_samples", frame)
+        try:
+            # One row per (host, gpu, ts): a sample a host's telemetry already holds is kept.
+            con.execute(
+                f"INSERT INTO gpu_samples ({columns}) SELECT {columns} FROM incoming_run_samples i "
+                "WHERE NOT EXISTS (SELECT 1 FROM gpu_samples e "
+                "WHERE e.host = i.host AND e.gpu = i.gpu AND e.ts = i.ts)"
+            )
+        finally:
+            con.unregister("incoming_run_samples")
+    cursors = [
+        (source_id, r.run_id, c["path"], c["size"], c["mtime"], c["resume_offset"], c["state"])
+        for r in runs
+        if (c := r.cursor) is not None
+    ]
+    if cursors:
+        con.executemany("INSERT INTO run_files VALUES (?, ?, ?, ?, ?, ?, ?)", cursors)
