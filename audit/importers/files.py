@@ -52,13 +52,21 @@ def replace_by_key(con, table: str, frame: pl.DataFrame, keys: list[str]) -> Non
     insert_frame(con, table, frame)
 
 
-def log_file_import(
-    con, kind: str, location: str, read: int, written: int, skipped: int, seconds: float
-) -> None:
-    con.execute(
-        "INSERT INTO file_imports VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [kind, location, now_utc(), read, written, skipped, seconds],
-    )
+def log_file_imports(con, kind: str, rows: list[tuple[str, int, int, int]], seconds: float) -> None:
+    """One ``file_imports`` row per file or folder read: (location, read, written, skipped)."""
+    if not rows:
+        return
+    frame = pl.DataFrame(
+        rows,
+        schema={
+            "location": pl.String,
+            "rows_read": pl.Int64,
+            "rows_written": pl.Int64,
+            "rows_skipped": pl.Int64,
+        },
+        orient="row",
+    ).with_columns(kind=pl.lit(kind), imported_at=pl.lit(now_utc()), seconds=pl.lit(seconds))
+    insert_frame(con, "file_imports", frame)
 
 
 def prefetch(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
@@ -210,16 +218,15 @@ def import_files(
             source.finish(con, summary)
             refresh_links(con, config)
             summary.seconds = time.monotonic() - started
-            for unit, parsed, written in logged:
-                log_file_import(
-                    con,
-                    source.kind,
-                    str(unit.resolve()),
-                    parsed.rows_read,
-                    written,
-                    len(parsed.skipped),
-                    summary.seconds,
-                )
+            log_file_imports(
+                con,
+                source.kind,
+                [
+                    (str(unit.resolve()), parsed.rows_read, written, len(parsed.skipped))
+                    for unit, parsed, written in logged
+                ],
+                summary.seconds,
+            )
     finally:
         progress.stop()
     return summary

@@ -31,10 +31,14 @@ read from there and only its new points and samples are added.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import os
 import re
 import struct
+import sys
+import types
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -72,12 +76,37 @@ STATE_VERSION = 1
 
 
 def protobufs():
-    """The ``Record`` class of the installed wandb, or None when wandb is not installed."""
+    """The ``Record`` class of the installed wandb, or None when wandb is not installed.
+
+    Only the generated protobuf modules are loaded: ``import wandb`` itself starts the
+    SDK (settings models, error reporting) and costs 2-3 s per command. The ``wandb`` and
+    ``wandb.proto`` packages stand in as bare namespaces while ``wandb.proto``'s own
+    version switch loads the definitions, then step aside for the real package.
+    """
+    if "wandb" in sys.modules:  # the real package is loaded already: use it
+        try:
+            from wandb.proto import wandb_internal_pb2
+        except ImportError:
+            return None
+        return wandb_internal_pb2.Record
+    spec = importlib.util.find_spec("wandb")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    stand_ins = {"wandb": root, "wandb.proto": root / "proto"}
+    for name, folder in stand_ins.items():
+        package = types.ModuleType(name)
+        package.__path__ = [str(folder)]
+        sys.modules[name] = package
     try:
-        from wandb.proto import wandb_internal_pb2
+        module = importlib.import_module("wandb.proto.wandb_internal_pb2")
     except ImportError:
         return None
-    return wandb_internal_pb2.Record
+    finally:
+        for name in stand_ins:
+            sys.modules.pop(name, None)
+        sys.modules.pop("wandb.proto.wandb_internal_pb2", None)
+    return module.Record
 
 
 # -- the log framing ------------------------------------------------------------------------
