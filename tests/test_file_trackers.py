@@ -565,3 +565,26 @@ def test_tensorboard_runs_written_by_a_real_writer(tmp_path, run_cli):
         "rank": "64",
     }
     assert rows(db, "SELECT run_id, experiment_id FROM runs") == [("sft-a", "logs")]
+
+
+@needs_realdata
+def test_large_logs_decoded_by_worker_processes_give_the_same_rows(tmp_path, run_cli, monkeypatch):
+    from audit.importers import wandb as wandb_importer
+
+    folder = WANDB / "verl-agentic-rl"
+    alone = tmp_path / "alone.duckdb"
+    assert run_cli("--db", str(alone), "ingest", "wandb", str(folder))[0] == 0
+    monkeypatch.setattr(wandb_importer, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(wandb_importer, "_RECORDS_PER_CHUNK", 100)
+    workers = tmp_path / "workers.duckdb"
+    code, _out, err = run_cli("--db", str(workers), "ingest", "wandb", str(folder))
+    assert code == 0, err
+    for sql in (
+        "SELECT run_id, key, value, step, ts FROM metrics ORDER BY ALL",
+        "SELECT run_id, key, value, step FROM latest_metrics ORDER BY ALL",
+        "SELECT run_id, key, value FROM params ORDER BY ALL",
+        "SELECT run_id, key, value FROM tags ORDER BY ALL",
+        "SELECT run_id, host, gpu, ts, util_pct, mem_used_mib FROM gpu_samples ORDER BY ALL",
+        "SELECT run_id, status, start_time, end_time FROM runs ORDER BY ALL",
+    ):
+        assert rows(workers, sql) == rows(alone, sql), sql

@@ -30,17 +30,21 @@ read from there and only its new points and samples are added.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import importlib
 import importlib.util
 import json
+import multiprocessing
 import os
 import re
+import signal
 import struct
 import sys
 import types
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -345,7 +349,7 @@ class _History:
         chunk = pl.DataFrame(
             {"key": self.keys, "raw": self.values, "step": self.steps, "timestamp": self.times},
             schema={
-                "key": pl.Categorical,
+                "key": pl.String,
                 "raw": pl.String,
                 "step": pl.Int64,
                 "timestamp": pl.Int64,
@@ -382,23 +386,49 @@ _GPU_FIELDS = {
 }
 
 
-def _read_records(path: Path, record_class, state: RunState, start: int, end: LogEnd):
-    """Fold the log's records from ``start`` into ``state``; returns (history, samples)."""
+# Logs with more unread bytes than this are decoded by two worker processes (decoding is
+# Python-bound: one process uses one core); smaller ones in-process, where starting the
+# workers would cost more than it saves.
+PARALLEL_BYTES = 32 * 2**20
+_RECORDS_PER_CHUNK = 4000
+_SMALL_RECORDS = {"run", "config", "exit", "environment", "telemetry"}
+
+
+@dataclass
+class _Decoded:
+    """What a chunk of records holds, in a form that crosses process boundaries."""
+
+    history: list[pl.DataFrame] = field(default_factory=list)
+    history_rows: int = 0
+    last_ms: int | None = None
+    samples: list[tuple] = field(default_factory=list)
+    summary: list[tuple[str, object]] = field(
+        default_factory=list
+    )  # ("set", {k: v}) | ("remove", [k])
+    small: list[bytes] = field(default_factory=list)  # run, config, exit, ... records, in order
+    records: int = 0
+
+
+def _decode(path: Path, payloads: list[bytes], offsets: list[int], record_class=None) -> _Decoded:
+    """Decode one chunk of records: history as columns, GPU stats as samples, summary
+    updates as an ordered list of changes; the few other records are handed back."""
     from google.protobuf.message import DecodeError
 
+    record_class = record_class or _worker_record_class()
+    out = _Decoded()
     history = _History()
-    samples: list[tuple] = []
     interned = history.interned
-    for payload in read_log(path, start, end):
+    summary: dict[str, str] = {}
+    for payload, offset in zip(payloads, offsets, strict=True):
         record = record_class()
         try:
             record.ParseFromString(payload)
         except DecodeError as exc:
             raise InputError(
-                f"{path}: byte {end.record_at}: the record does not parse as a W&B protobuf "
+                f"{path}: byte {offset}: the record does not parse as a W&B protobuf "
                 f"({' '.join(str(exc).split()) or 'DecodeError'})"
             ) from None
-        state.records += 1
+        out.records += 1
         kind = record.WhichOneof("record_type")
         if kind == "history":
             keys, values = [], []
@@ -419,11 +449,22 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
             if step is None and record.history.HasField("step"):
                 step = record.history.step.num
             history.add_row(keys, values, step, ms)
-            state.history_rows += 1
-            state.see_time(ms)
+            out.history_rows += 1
+            if ms is not None and (out.last_ms is None or ms > out.last_ms):
+                out.last_ms = ms
+        elif kind == "summary":
+            if record.summary.remove:
+                if summary:
+                    out.summary.append(("set", summary))
+                    summary = {}
+                out.summary.append(
+                    ("remove", [i.key or ".".join(i.nested_key) for i in record.summary.remove])
+                )
+            _fold_summary_updates(record.summary, summary)
         elif kind == "stats":
             ms = _ms(record.stats.timestamp)
-            state.see_time(ms)
+            if ms is not None and (out.last_ms is None or ms > out.last_ms):
+                out.last_ms = ms
             per_gpu: dict[str, dict] = {}
             for item in record.stats.item:
                 parts = item.key.split(".")
@@ -434,20 +475,97 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
                         continue
                     per_gpu.setdefault(parts[1], {})[_GPU_FIELDS[parts[2]]] = value
             for gpu, values in per_gpu.items():
-                samples.append((gpu, ms, values))
-        elif kind == "run":
-            _fold_run(record.run, state, path)
-        elif kind == "config":
-            _fold_updates(record.config, state.config, path)
-        elif kind == "summary":
-            _fold_summary(record.summary, state.summary)
-        elif kind == "exit":
-            state.exit_code = record.exit.exit_code
-            state.runtime_s = float(record.exit.runtime)
-        elif kind == "environment":
-            _fold_environment(record.environment, state)
-        elif kind == "telemetry" and record.telemetry.cli_version:
-            state.version = record.telemetry.cli_version
+                out.samples.append((gpu, ms, values))
+        elif kind in _SMALL_RECORDS:
+            out.small.append(payload)
+    if summary:
+        out.summary.append(("set", summary))
+    history.compact()
+    out.history = history.chunks
+    return out
+
+
+_WORKER_RECORD_CLASS = None
+
+
+def _worker_record_class():
+    global _WORKER_RECORD_CLASS
+    if _WORKER_RECORD_CLASS is None:
+        _WORKER_RECORD_CLASS = protobufs()
+    return _WORKER_RECORD_CLASS
+
+
+def _worker_start() -> None:
+    # Ctrl-C is the parent's to handle: it rolls the import back and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_record_class()
+
+
+def _chunks(path: Path, start: int, end: LogEnd) -> Iterator[tuple[list[bytes], list[int]]]:
+    payloads: list[bytes] = []
+    offsets: list[int] = []
+    for payload in read_log(path, start, end):
+        payloads.append(payload)
+        offsets.append(end.record_at)
+        if len(payloads) >= _RECORDS_PER_CHUNK:
+            yield payloads, offsets
+            payloads, offsets = [], []
+    if payloads:
+        yield payloads, offsets
+
+
+def _decoded_chunks(path: Path, record_class, start: int, end: LogEnd) -> Iterator[_Decoded]:
+    if path.stat().st_size - start <= PARALLEL_BYTES:
+        for payloads, offsets in _chunks(path, start, end):
+            yield _decode(path, payloads, offsets, record_class)
+        return
+    context = multiprocessing.get_context("spawn")  # polars' thread pool does not survive fork
+    with ProcessPoolExecutor(2, mp_context=context, initializer=_worker_start) as pool:
+        pending: collections.deque = collections.deque()
+        try:
+            for payloads, offsets in _chunks(path, start, end):
+                pending.append(pool.submit(_decode, path, payloads, offsets))
+                while len(pending) >= 4:  # bounded: at most four chunks in flight
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _read_records(path: Path, record_class, state: RunState, start: int, end: LogEnd):
+    """Fold the log's records from ``start`` into ``state``; returns (history, samples)."""
+    history = _History()
+    samples: list[tuple] = []
+    for chunk in _decoded_chunks(path, record_class, start, end):
+        state.records += chunk.records
+        state.history_rows += chunk.history_rows
+        state.see_time(chunk.last_ms)
+        history.chunks.extend(chunk.history)
+        samples.extend(chunk.samples)
+        for payload in chunk.small:
+            record = record_class()
+            record.ParseFromString(payload)
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                _fold_run(record.run, state, path)
+            elif kind == "config":
+                _fold_updates(record.config, state.config, path)
+            elif kind == "exit":
+                state.exit_code = record.exit.exit_code
+                state.runtime_s = float(record.exit.runtime)
+            elif kind == "environment":
+                _fold_environment(record.environment, state)
+            elif kind == "telemetry" and record.telemetry.cli_version:
+                state.version = record.telemetry.cli_version
+        for action, change in chunk.summary:
+            if action == "set":
+                state.summary.update(change)
+            else:
+                for key in change:
+                    for name in [k for k in state.summary if k == key or k.startswith(key + ".")]:
+                        del state.summary[name]
     return history, samples
 
 
@@ -478,7 +596,7 @@ def _fold_updates(record, tree: dict, path: Path) -> None:
         _remove_path(tree, _item_path(item))
 
 
-def _fold_summary(record, summary: dict) -> None:
+def _fold_summary_updates(record, summary: dict) -> None:
     """Summary updates kept as JSON text: wandb writes one after every history row (all
     keys each time), and only the last value of a key is ever used."""
     for item in record.update:
@@ -487,6 +605,10 @@ def _fold_summary(record, summary: dict) -> None:
             nested = item.nested_key
             key = nested[0] if len(nested) == 1 else ".".join(nested)
         summary[key] = item.value_json
+
+
+def _fold_summary(record, summary: dict) -> None:
+    _fold_summary_updates(record, summary)
     for item in record.remove:
         key = item.key or ".".join(item.nested_key)
         for name in [k for k in summary if k == key or k.startswith(key + ".")]:
