@@ -316,10 +316,17 @@ def _json(text: str, where: str):
         raise InputError(f"{where}: a value is not JSON ({text[:40]!r})") from None
 
 
+_LAST_MS = 32_503_680_000_000  # year 3000: later (or negative) times are damage, not data
+
+
 def _ms(timestamp) -> int | None:
     if not timestamp.seconds and not timestamp.nanos:
         return None
-    return timestamp.seconds * 1000 + timestamp.nanos // 1_000_000
+    return _plausible(timestamp.seconds * 1000 + timestamp.nanos // 1_000_000)
+
+
+def _plausible(ms: int | None) -> int | None:
+    return ms if ms is not None and 0 <= ms < _LAST_MS else None
 
 
 # -- reading the log ------------------------------------------------------------------------
@@ -439,10 +446,16 @@ def _decode(path: Path, payloads: list[bytes], offsets: list[int], record_class=
                     nested = item.nested_key
                     key = nested[0] if len(nested) == 1 else ".".join(nested)
                 if key in _HIDDEN_HISTORY:
-                    if key == "_step":
-                        step = int(float(item.value_json))
-                    elif key == "_timestamp":
-                        ms = int(float(item.value_json) * 1000)
+                    try:
+                        if key == "_step":
+                            step = int(float(item.value_json))
+                        elif key == "_timestamp":
+                            ms = _plausible(int(float(item.value_json) * 1000))
+                    except (ValueError, OverflowError):
+                        raise InputError(
+                            f"{path}: byte {offset}: history {key} is not a number: "
+                            f"{item.value_json[:40]!r}"
+                        ) from None
                     continue
                 keys.append(interned.setdefault(key, key))
                 values.append(item.value_json)
