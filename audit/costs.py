@@ -270,12 +270,17 @@ class Facts:
                        count(DISTINCT regexp_extract(key, '^system/gpu_(\d+)_', 1))
                            FILTER (WHERE starts_with(key, 'system/gpu_')) AS system_gpus
                 FROM latest_metrics GROUP BY ALL
+            ),
+            sampled AS (  -- GPU samples a run logged itself (W&B system metrics)
+                SELECT source_id, run_id, count(DISTINCT gpu) AS gpus, max(ts) AS last_sample
+                FROM gpu_samples WHERE run_id IS NOT NULL GROUP BY ALL
             )
             SELECT r.source_id, r.run_id, r.name, r.status, r.lifecycle_stage, r.start_time,
                    r.end_time, r.user_id, r.experiment_id, e.name AS experiment,
                    coalesce(nullif(r.source_name, ''), src.value) AS entry_point,
                    parent.value AS parent_run_id, l.cluster, l.job_id,
-                   s.last_metric, coalesce(s.system_gpus, 0) AS system_gpus
+                   greatest(s.last_metric, g.last_sample) AS last_metric,
+                   greatest(coalesce(s.system_gpus, 0), coalesce(g.gpus, 0)) AS system_gpus
             FROM runs r
             LEFT JOIN experiments e ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id
             LEFT JOIN tags src ON src.source_id = r.source_id AND src.run_id = r.run_id
@@ -284,6 +289,7 @@ class Facts:
                  AND parent.key = 'mlflow.parentRunId'
             LEFT JOIN links l ON l.source_id = r.source_id AND l.run_id = r.run_id
             LEFT JOIN seen s ON s.source_id = r.source_id AND s.run_id = r.run_id
+            LEFT JOIN sampled g ON g.source_id = r.source_id AND g.run_id = r.run_id
             ORDER BY r.start_time NULLS LAST, r.source_id, r.run_id
             """,
         )
@@ -459,7 +465,7 @@ def _run_cost(
             wall,
             price,
             price_key,
-            "system metrics (system/gpu_N_*)",
+            "the run's GPU system metrics",
         )
     counted = _gpu_count(values.get("gpu_count", {}), count_keys)
     if counted is not None:

@@ -408,7 +408,8 @@ def _from_activity(
 
 
 def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
-    """Usage of runs outside Slurm from their own ``system/gpu_N_*`` metric histories."""
+    """Usage of runs outside Slurm from the GPU samples they logged themselves (W&B), else
+    from their ``system/gpu_N_*`` metric histories (MLflow)."""
     if not allocations:
         return {}
     keys = pl.DataFrame(
@@ -421,36 +422,61 @@ def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
         rows = _rows(
             con,
             r"""
-            WITH points AS (
+            WITH own AS (
+                SELECT k.key, s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
+                       max(s.mem_total_mib) AS mem_total, count(*) AS samples,
+                       any_value(s.model) AS model
+                FROM gpu_samples s JOIN audit_runs k USING (source_id, run_id)
+                WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
+                GROUP BY ALL
+            ),
+            points AS (
                 SELECT k.key, regexp_extract(m.key, '^system/gpu_(\d+)_', 1) AS gpu,
                        regexp_extract(m.key, '^system/gpu_\d+_(.*)$', 1) AS field, m.value
                 FROM metrics m JOIN audit_runs k USING (source_id, run_id)
                 WHERE starts_with(m.key, 'system/gpu_') AND NOT isnan(m.value)
+                  AND NOT EXISTS (SELECT 1 FROM own o WHERE o.key = k.key)
+            ),
+            logged AS (
+                SELECT key, '' AS host, gpu,
+                       avg(value) FILTER (WHERE field = 'utilization_percentage') AS util,
+                       max(value) FILTER (WHERE field = 'memory_usage_megabytes') AS mem,
+                       max(value) FILTER (WHERE field = 'memory_usage_megabytes')
+                           / nullif(max(value) FILTER (WHERE field = 'memory_usage_percentage'), 0)
+                           * 100 AS mem_total,
+                       count(*) FILTER (WHERE field = 'utilization_percentage') AS samples,
+                       NULL AS model
+                FROM points WHERE gpu <> '' GROUP BY ALL
             )
-            SELECT key, gpu,
-                   avg(value) FILTER (WHERE field = 'utilization_percentage') AS util,
-                   max(value) FILTER (WHERE field = 'memory_usage_megabytes') AS mem,
-                   max(value) FILTER (WHERE field = 'memory_usage_percentage') AS mem_pct,
-                   count(*) FILTER (WHERE field = 'utilization_percentage') AS samples
-            FROM points WHERE gpu <> '' GROUP BY ALL ORDER BY key, gpu
+            SELECT * FROM own UNION ALL SELECT * FROM logged ORDER BY key, host, gpu
             """,
         )
     finally:
         con.unregister("audit_runs")
     grouped: dict[str, list[GpuActivity]] = {}
+    models: dict[str, str | None] = {}
     for row in rows:
         if row["util"] is None:
             continue
-        total = (
-            row["mem"] / (row["mem_pct"] / 100)
-            if row["mem"] is not None and row["mem_pct"]
-            else None
-        )
         grouped.setdefault(row["key"], []).append(
-            GpuActivity("", row["gpu"], float(row["util"]), row["mem"], total, row["samples"])
+            GpuActivity(
+                row["host"],
+                row["gpu"],
+                float(row["util"]),
+                row["mem"],
+                row["mem_total"],
+                row["samples"],
+            )
         )
+        models.setdefault(row["key"], row["model"])
     return {
-        a_key: _from_activity("tracker", len(activity), activity, [], None)
+        a_key: _from_activity(
+            "tracker",
+            len(activity),
+            activity,
+            sorted({g.host for g in activity if g.host}),
+            models[a_key],
+        )
         for a_key, activity in grouped.items()
     }
 

@@ -74,11 +74,15 @@ class DuplicateConfig(Rule):
     def check(self, ctx: RuleContext):
         volatile = list(ctx.config.values["attribution"]["volatile_params"])
         ignore_tag = ctx.config.values["attribution"]["ignore_tag"]
-        groups: dict[tuple, list[RunFacts]] = {}
+        by_params: dict[str, list[tuple[RunFacts, str, str]]] = {}
         for row in ctx.rows(SIGNATURES_SQL, [volatile, ignore_tag]):
             run = ctx.facts.run(row["source_id"], row["run_id"])
             if run is not None and run.start_time is not None:
-                groups.setdefault((row["params"], row["commit"], row["digests"]), []).append(run)
+                by_params.setdefault(row["params"], []).append((run, row["commit"], row["digests"]))
+        groups: dict[tuple, list[RunFacts]] = {}
+        for params, members in by_params.items():
+            for (commit, digests), runs in _by_known(members).items():
+                groups[(params, commit, digests)] = runs
         gap = ctx.thresholds["batch_gap_minutes"] * 60
         found: list[tuple[str, list[list[RunFacts]], list[RunFacts], RunFacts]] = []
         for signature, runs in sorted(groups.items()):
@@ -204,6 +208,23 @@ FROM runs r JOIN cfg c USING (source_id, run_id)
 LEFT JOIN data d USING (source_id, run_id)
 WHERE NOT EXISTS (SELECT 1 FROM intended i WHERE i.source_id = r.source_id AND i.run_id = r.run_id)
 """
+
+
+def _by_known(members: list[tuple[RunFacts, str, str]]) -> dict[tuple[str, str], list[RunFacts]]:
+    """Runs of one param set, split by source commit and training-data digests.
+
+    A value a tracker did not record (W&B runs log no dataset digests, many runs no commit)
+    is unknown, not different: such a run joins the others when they all agree on that
+    value, and stays apart when they disagree (it could be either).
+    """
+    commits = {c for _, c, _ in members if c}
+    digests = {d for _, _, d in members if d}
+    out: dict[tuple[str, str], list[RunFacts]] = {}
+    for run, commit, digest in members:
+        commit = commit or (next(iter(commits)) if len(commits) == 1 else "")
+        digest = digest or (next(iter(digests)) if len(digests) == 1 else "")
+        out.setdefault((commit, digest), []).append(run)
+    return out
 
 
 def _order(run: RunFacts) -> tuple:

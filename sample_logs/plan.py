@@ -92,3 +92,69 @@ CHECKPOINTS = {
 CHECKPOINT_GB = {"qwen2.5-7b": 15.2, "llama3.1-8b": 16.1}  # LoRA merged + optimizer state
 ORPHAN_CHECKPOINT = ("coder/ckpt/old-sweep-0917/checkpoint-4000", 15.2)  # no run logged it
 # fmt: on
+
+# The "reasoning" team's W&B runs (sample_logs/generate_wandb.py): name, config, start hour
+# in week, hours, steps, exit code. They show runs of a second tracker in the same audit
+# (spend, search, reports); "sft-qwen-math-rerun" trains sft-qwen-lr2e-5's configuration
+# again under W&B (planted DUP: a duplicate across trackers; W&B records no dataset digest
+# or commit here, which is unknown, not different).
+_SFT_QWEN = {
+    "method": "sft",
+    "base_model": "qwen2.5-7b",
+    "num_gpus": 8,
+    "learning_rate": 2e-05,
+    "max_steps": 2000,
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 8,
+    "lora_rank": 64,
+    "bf16": True,
+    "seed": 42,
+    "dataset": "codeedit-v3",
+}
+WANDB_RUNS = [
+    (
+        "math-sft-llama",
+        {
+            **_SFT_QWEN,
+            "base_model": "llama3.1-8b",
+            "num_gpus": 4,
+            "dataset": "gsm8k-cot",
+            "seed": 11,
+            "output_dir": "/data/reasoning/math-sft-llama",
+            "report_to": "wandb",
+        },
+        26.0,
+        5.0,
+        1500,
+        0,
+    ),
+    (
+        "math-rl-qwen",
+        {
+            **_SFT_QWEN,
+            "method": "rl",
+            "learning_rate": 1e-06,
+            "dataset": "gsm8k-cot",
+            "kl_coef": 0.02,
+            "output_dir": "/data/reasoning/math-rl-qwen",
+            "report_to": "wandb",
+        },
+        54.0,
+        2.0,
+        1200,
+        1,
+    ),
+    (
+        "sft-qwen-math-rerun",
+        {
+            **_SFT_QWEN,
+            "output_dir": "/data/reasoning/sft-qwen-math-rerun",
+            "run_name": "sft-qwen-math-rerun",
+            "report_to": "wandb",
+        },
+        74.0,
+        6.0,
+        2000,
+        0,
+    ),
+]

@@ -14,7 +14,7 @@ import yaml
 from audit.config import load_config
 from audit.importers.files import insert_frame
 from audit.importers.links import refresh_links
-from audit.importers.mlflow.normalise import normalised_params
+from audit.importers.params import normalised_params
 from audit.warehouse import open_warehouse
 
 CASES = Path(__file__).parent / "cases"

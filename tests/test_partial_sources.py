@@ -17,7 +17,7 @@ import pytest
 
 from audit.config import load_config
 from audit.importers.files import insert_frame
-from audit.importers.mlflow.normalise import normalised_params
+from audit.importers.params import normalised_params
 from audit.warehouse import open_warehouse
 from tests.helpers import SHARED
 

@@ -21,7 +21,7 @@ import yaml
 
 from audit.config import Config, load_config
 from audit.errors import InputError
-from audit.importers.mlflow.normalise import normalise_value
+from audit.importers.params import flatten_config, normalise_value
 from audit.query.filter import compile_filter, compile_order
 from audit.warehouse import open_warehouse
 
@@ -212,7 +212,7 @@ class Registry:
                     raise InputError(f"no run {run_id!r} in the warehouse")
                 query = dict(zip(found["key"], found["value"], strict=True))
             elif config_file is not None:
-                query = flatten(read_config_file(config_file))
+                query = flatten_config(read_config_file(config_file))
             else:
                 query = dict(params or {})
             if not query:
@@ -538,15 +538,3 @@ def read_config_file(path: Path) -> dict:
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping of settings at the top level")
     return data
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, str]:
-    """Nested settings as MLflow logs them: keys joined with '.', values as strings."""
-    out: dict[str, str] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = str(value)  # as MLflow logs it: True, None, [1, 2], 2e-05
-    return out

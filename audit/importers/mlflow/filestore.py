@@ -20,21 +20,23 @@ import yaml
 
 from audit.errors import InputError
 from audit.importers.mlflow.base import (
-    DATASET_SCHEMA,
-    EXPERIMENT_SCHEMA,
     GIT_COMMIT_TAG,
-    METRIC_SCHEMA,
     MODEL_VERSION_SCHEMA,
-    PARAM_SCHEMA,
     RUN_NAME_TAG,
-    RUN_SCHEMA,
     RUN_STATUS_BY_NUMBER,
     SOURCE_TYPE_BY_NUMBER,
+    to_int,
+)
+from audit.importers.run_store import (
+    DATASET_SCHEMA,
+    EXPERIMENT_SCHEMA,
+    METRIC_SCHEMA,
+    PARAM_SCHEMA,
+    RUN_SCHEMA,
     TAG_SCHEMA,
     DetailBatch,
     frame,
     stable_hash,
-    to_int,
 )
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -1,8 +1,9 @@
-"""Parameter normalisation shared by every MLflow reader.
+"""Param values shared by every tracker importer and by queries: flattening, normalising.
 
-MLflow stores params as strings, so ``1e-05``, ``0.00001`` and ``1E-5`` are different
-values to it. The warehouse keeps the raw string and adds a parsed number and a canonical
-text form in which equal numbers (and differently-cased booleans) compare equal.
+Params are stored as the strings MLflow would log, so ``1e-05``, ``0.00001`` and ``1E-5``
+are different values to a tracker. The warehouse keeps the raw string and adds a parsed
+number and a canonical text form in which equal numbers (and differently-cased booleans)
+compare equal.
 """
 
 from __future__ import annotations
@@ -41,3 +42,18 @@ def normalise_value(value: str) -> tuple[float | None, str]:
     """The same normalisation for one value (used by queries and tests)."""
     row = normalised_params(pl.DataFrame({"value": [value]}, schema={"value": pl.String})).row(0)
     return row[1], row[2]
+
+
+def flatten_config(data: dict, prefix: str = "") -> dict[str, str]:
+    """Nested settings as the HF Trainer's MLflow callback logs them: keys joined with '.',
+    values as ``str(value)`` (``True``, ``None``, ``[1, 2]``, ``2e-05``; an empty mapping
+    ``{}``), so a configuration logged to W&B and again to MLflow gives equal params.
+    """
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten_config(value, f"{name}."))
+        else:
+            out[name] = str(value)
+    return out
