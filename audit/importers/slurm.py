@@ -19,7 +19,7 @@ import polars as pl
 from audit.errors import InputError
 
 RECOMMENDED_FIELDS = (
-    "JobID,JobName,User,Account,Partition,State,Submit,Start,End,ElapsedRaw,TimelimitRaw,"
+    "JobID,JobName,User,Account,Partition,State,Submit,Eligible,Start,End,ElapsedRaw,TimelimitRaw,"
     "NNodes,NCPUS,NodeList,AllocTRES,ReqTRES,TRESUsageInMax"
 )
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
@@ -39,6 +39,7 @@ JOB_SCHEMA = {
     "state": pl.String,
     "state_detail": pl.String,
     "submit_time": pl.Datetime("us"),
+    "eligible_time": pl.Datetime("us"),
     "start_time": pl.Datetime("us"),
     "end_time": pl.Datetime("us"),
     "elapsed_s": pl.Int64,
@@ -378,6 +379,8 @@ def _job_row(record: dict, job_id: str, tz: ZoneInfo, cluster: str, source: str)
         "state": state_detail.split(" ", 1)[0] if state_detail else None,
         "state_detail": state_detail or None,
         "submit_time": parse_time(get("submit"), tz, "Submit"),
+        # optional: sacct --format ...,Eligible,... (when dependencies were met)
+        "eligible_time": parse_time(get("eligible"), tz, "Eligible"),
         "start_time": start,
         "end_time": end,
         "elapsed_s": elapsed,

@@ -256,4 +256,10 @@ ALTER TABLE findings ADD COLUMN run_hours DOUBLE;
 ALTER TABLE findings ADD COLUMN cost_basis VARCHAR;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+V6 = """
+-- when a job became eligible to start (sacct Eligible: dependencies met, not held); queue
+-- wait is start_time - eligible_time, else start_time - submit_time when it is NULL
+ALTER TABLE jobs ADD COLUMN eligible_time TIMESTAMP;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
