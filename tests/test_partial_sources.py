@@ -229,8 +229,8 @@ def test_spend_and_waste_of_a_job_go_to_the_same_team(tmp_path):
     from audit.rule_registry import select_rules
     from audit.scans import scan
     from audit.summary import summarise
+    from audit.testing import build_warehouse
     from audit.windows import Window
-    from tests.rule_cases import build_warehouse
 
     wh, config = build_warehouse(
         tmp_path / "w.duckdb",

@@ -258,7 +258,7 @@ def test_third_party_rules_load_through_entry_points(tmp_path, monkeypatch, run_
     _code, out, _ = run_cli("rules", "list")
     assert "NET001  too-many-runs" in out
     # a plug-in family is a family of its own in summaries, not only part of "all"
-    from tests.rule_cases import build_warehouse
+    from audit.testing import build_warehouse
 
     wh, _ = build_warehouse(
         tmp_path / "w.duckdb", {"runs": [{"run_id": "a"}, {"run_id": "b", "start": 2, "end": 3}]}
