@@ -42,6 +42,13 @@ def matches(key: str, globs: list[str]) -> bool:
     return any(fnmatchcase(key, g) for g in globs)
 
 
+def red_line_tolerance(config: Config, metric: str) -> float:
+    """The allowed drop of a red-line metric: the first glob of ``[metrics]
+    red_line_tolerances`` that matches it, else 0 (RED001 and ``audit gate`` agree)."""
+    tolerances = config.values["metrics"]["red_line_tolerances"]
+    return next((float(t) for g, t in tolerances.items() if fnmatchcase(metric, g)), 0.0)
+
+
 class Recipes:
     """Recipes, baselines and latest benchmark values of every run, read once."""
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
-
+from audit.recipes import red_line_tolerance
 from audit.rule_api import Rule, RuleContext, Severity, Skip
 
 from ._metrics import lookalike_metrics
@@ -23,12 +22,6 @@ RED_LINE_WORDS = (
     "privacy",
     "redteam",
 )
-
-
-def tolerance_of(metric: str, tolerances: dict[str, float]) -> float:
-    """The allowed drop of a red-line metric: the first glob of
-    ``[metrics] red_line_tolerances`` that matches it, else 0."""
-    return next((float(t) for g, t in tolerances.items() if fnmatchcase(metric, g)), 0.0)
 
 
 class RedLineDrop(Rule):
@@ -93,7 +86,6 @@ class RedLineDrop(Rule):
                 f"no metric of any run matches [metrics] red_lines globs {', '.join(globs)}; "
                 f"{seen}. Set [metrics] red_lines to the names of your red-line metrics"
             )
-        tolerances = ctx.config.values["metrics"]["red_line_tolerances"]
         unjudged: dict[str | None, list] = {}
         for run in ctx.facts.runs:
             values = found.values(run, "red_lines")
@@ -112,7 +104,7 @@ class RedLineDrop(Rule):
                 continue
             drops = {}
             for metric in shared:
-                allowed = tolerance_of(metric, tolerances)
+                allowed = red_line_tolerance(ctx.config, metric)
                 change = values[metric] - reference[metric]
                 if change < -allowed - 1e-12:
                     drops[metric] = {
@@ -122,7 +114,7 @@ class RedLineDrop(Rule):
                         "tolerance": allowed,
                     }
             if drops:
-                yield self._finding(ctx, run, baseline, reference, drops, tolerances)
+                yield self._finding(ctx, run, baseline, reference, drops)
         for base_model, runs in sorted(unjudged.items(), key=lambda kv: str(kv[0])):
             names = ", ".join(repr(r.name) for r in runs[:3]) + (
                 f" and {len(runs) - 3} more" if len(runs) > 3 else ""
@@ -132,7 +124,7 @@ class RedLineDrop(Rule):
                 f"baseline logging them ({names}): evaluate the base model on the red lines"
             )
 
-    def _finding(self, ctx, run, baseline, reference, drops, tolerances):
+    def _finding(self, ctx, run, baseline, reference, drops):
         crossing = _crossing(ctx, run, {m: reference[m] - d["tolerance"] for m, d in drops.items()})
         worst_metric, worst = min(drops.items(), key=lambda kv: kv[1]["change"])
         evidence = {
