@@ -91,6 +91,13 @@ def render_table(result, summary, top: int = 10) -> str:
             f"spend excludes {spend['runs_without_cost']} runs with an unknown GPU count "
             f"({spend['run_hours_without_cost']:,.2f} run-hours): see [cost] in audit.toml"
         )
+    evaluation = summary["evaluation"]
+    if evaluation["runs"]:
+        lines.append(
+            f"evaluation: {evaluation['gpu_hours']:,.1f} GPU-h, ${evaluation['usd']:,.2f} on "
+            f"{evaluation['runs']} evaluation runs (in the spend above), "
+            f"${evaluation['duplicate_usd']:,.2f} of it duplicates"
+        )
     if summary["suppressed"]:
         lines.append(f"suppressed: {summary['suppressed']} findings (listed in --format json)")
     active = result.active
@@ -169,6 +176,8 @@ def _subject(subject: dict) -> str:
         "run_dir",
         "experiment",
         "base_model",
+        "team",
+        "evaluated_model",
     ):
         if subject.get(key):
             return str(subject[key])
