@@ -75,26 +75,26 @@ def test_weekly_json(run_cli, fresh_demo_db):
     _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
     doc = json.loads(out)
     assert doc["headline"] == {
-        "gpu_hours": 553.7,
-        "usd_spent": 1615.84,
-        "usd_wasted": 810.0,
-        "waste_share": 50.1,
-        "gpu_hours_wasted": 267.8,
+        "gpu_hours": 918.3,
+        "usd_spent": 2709.84,
+        "usd_wasted": 1769.4,
+        "waste_share": 65.3,
+        "gpu_hours_wasted": 587.6,
         "reclaimable_gb": 291.5,
-        "findings": 16,
+        "findings": 20,
         "unknown_cost_findings": 0,
         "unknown_cost_run_hours": 0,
     }
     assert [t["week"] for t in doc["trend"]] == [f"2026-W{w}" for w in range(40, 48)]
     # storage waste belongs to the weeks its files existed: the orphan sweep of September
     # in every week, the runs' checkpoints only from W47 on (not in weeks before the runs)
-    assert doc["trend"][-1]["usd"] == 810.0
+    assert doc["trend"][-1]["usd"] == 1769.4
     assert [t["findings"] for t in doc["trend"][:-1]] == [1] * 7
     assert [t["has_data"] for t in doc["trend"]] == [False] * 7 + [True]
     assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP003"}
-    assert doc["activity"] == {"runs": 16, "gpu_jobs": 17, "empty": False}
+    assert doc["activity"] == {"runs": 19, "gpu_jobs": 20, "empty": False}
     assert doc["previous"]["activity"]["empty"] is True
-    assert len(doc["changes"]["new"]) == 15
+    assert len(doc["changes"]["new"]) == 19
     by_method = {m["method"]: m for m in doc["methods"]["by_method"]}
     assert by_method["sft"]["mean_general_change"] < by_method["rl"]["mean_general_change"]
     assert (
@@ -104,10 +104,26 @@ def test_weekly_json(run_cli, fresh_demo_db):
     assert [c["category"] for c in doc["categories"]] == [
         "compute",
         "storage",
-        "evaluation runs",
+        "evaluation",
         "rework",
     ]
-    assert doc["categories"][3]["usd"] == pytest.approx(144.8 + 180.4, abs=0.01)
+    assert doc["categories"][2]["usd"] == doc["summary"]["evaluation"]["usd"] == pytest.approx(3.2)
+    assert doc["categories"][3]["usd"] == pytest.approx(144.8 + 180.4 + 30.2, abs=0.01)
+    # the method matrix: one group per base model and task, MTX001's dominated run marked
+    groups = {(g["base_model"], g["task"]): g["runs"] for g in doc["matrix"]["groups"]}
+    assert set(groups) == {
+        ("qwen2.5-7b", "codeedit-v3"),
+        ("llama3.1-8b", "codeedit-v3"),
+        ("llama3.1-8b", "edit-pairs"),
+        ("llama3.1-8b", "toolcalls-v1"),
+    }
+    dominated = {r["run_name"]: r["dominated_by"] for rs in groups.values() for r in rs}
+    assert {k: v for k, v in dominated.items() if v} == {"sft-qwen-lr1e-4": "sft-qwen-lr2e-5"}
+    # queue wait: every GPU job of the week, measured from Eligible, apart from waste
+    queue = doc["queue"]
+    assert queue["jobs"] == 20 and queue["measured_from_submit"] == 0
+    assert {r["team"] for r in queue["by_team_partition"]} == {"coder", "agents"}
+    assert 0 < queue["gpu_hours_waited"] < 8 * 20 * 20 / 60
     # same finding schema as `audit scan --format json`
     assert set(doc["findings"][0]) >= {
         "id",
@@ -144,11 +160,13 @@ def test_every_chart_has_a_title_and_alt_text(run_cli, fresh_demo_db, tmp_path):
     weekly(run_cli, fresh_demo_db, "--output", str(target))
     html = target.read_text()
     svgs = re.findall(r"<svg[^>]*>.*?</svg>", html, flags=re.S)
-    assert len(svgs) == 5
+    # 5 summary charts, one matrix scatter per (base model, task) with two runs or more,
+    # one inline series chart per STB001 finding
+    assert len(svgs) == 5 + 2 + 1
     for svg in svgs:
         assert re.search(r'role="img"', svg) and re.search(r'aria-label="[^"]{20,}"', svg)
         assert re.search(r"<title>[^<]+</title>", svg)
-    assert html.count("<figcaption>") == 5
+    assert html.count("<figcaption>") == len(svgs)
     assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
 
 
@@ -286,7 +304,7 @@ def test_report_in_a_real_browser(run_cli, fresh_demo_db, hostile_db, tmp_path):
                     visible = page.eval_on_selector_all(
                         "#findings tbody tr", "rows => rows.filter(r => !r.hidden).length"
                     )
-                    assert visible == 1
+                    assert visible == 2  # REG002 (a registered model) and RED001
                 else:
                     body = page.inner_text("body")
                     assert "<script>alert(1)</script>" in body  # shown as text

@@ -252,7 +252,7 @@ def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[d
     price = float(config.values["prices"]["storage_gb_month_usd"])
     stored = wh.con.execute("SELECT coalesce(sum(bytes), 0) FROM checkpoints").fetchall()[0][0]
     evaluation = summary["evaluation"]
-    rework = sum(f.usd or 0 for f in result.active if f.family in ("REG", "DUP"))
+    rework = sum(f.usd or 0 for f in result.active if f.family in ("REG", "RED", "DUP"))
     return [
         {
             "category": "compute",
@@ -274,7 +274,11 @@ def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[d
                 "model on the same benchmarks (EVL001)"
             ),
         },
-        {"category": "rework", "usd": round(rework, 2), "basis": "waste of REG and DUP findings"},
+        {
+            "category": "rework",
+            "usd": round(rework, 2),
+            "basis": "waste of REG, RED and DUP findings",
+        },
     ]
 
 
