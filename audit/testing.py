@@ -274,6 +274,7 @@ def build_warehouse(path: Path, data: dict, config_text: str = "") -> tuple[Any,
 
 def run_case(code: str, case: dict, workdir: Path) -> RuleResult:
     """Build the case's warehouse in ``workdir`` and run rule ``code`` over its window."""
+    Path(workdir).mkdir(parents=True, exist_ok=True)
     wh, config = build_warehouse(
         Path(workdir) / "case.duckdb", case.get("data", {}), case.get("config", "")
     )

@@ -15,7 +15,15 @@ import duckdb
 import requests
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "realdata"
+# ../shared/realdata from the main checkout; ../../shared/realdata from a worktree in wt/
+SHARED = next(
+    (
+        base / "shared" / "realdata"
+        for base in (REPO.parent, REPO.parent.parent)
+        if (base / "shared" / "realdata").is_dir()
+    ),
+    REPO.parent / "shared" / "realdata",
+)
 
 
 def free_port() -> int:
