@@ -54,7 +54,18 @@ def test_the_example_plugin_runs_as_a_family_of_its_own(plugin, run_cli, tmp_pat
     assert code == 0 and "  min_hours = default 1 h (≥ 0)" in out
     db = tmp_path / "w.duckdb"
     wh, _ = build_warehouse(
-        db, {"runs": [{"run_id": "a", "name": "sft-big", "status": "FAILED", "end": 6, "params": {"num_gpus": 8}}]}
+        db,
+        {
+            "runs": [
+                {
+                    "run_id": "a",
+                    "name": "sft-big",
+                    "status": "FAILED",
+                    "end": 6,
+                    "params": {"num_gpus": 8},
+                }
+            ]
+        },
     )
     wh.close()
     code, out, err = run_cli("--db", str(db), "scan", "--select", "FLR", "--format", "json")

@@ -305,6 +305,22 @@ def test_report_in_a_real_browser(run_cli, fresh_demo_db, hostile_db, tmp_path):
                         "#findings tbody tr", "rows => rows.filter(r => !r.hidden).length"
                     )
                     assert visible == 2  # REG002 (a registered model) and RED001
+                    page.select_option("#severity", "")
+                    # the method matrix draws its scatters, the STB finding its series
+                    for selector, count in (
+                        ("section[aria-labelledby=h-matrix] figure svg", 2),
+                        ("#findings figure.inline-chart svg", 1),
+                    ):
+                        boxes = page.eval_on_selector_all(
+                            selector,
+                            "svgs => svgs.map(s => [s.getBoundingClientRect().width,"
+                            " s.getBoundingClientRect().height])",
+                        )
+                        assert len(boxes) == count and all(w > 100 and h > 50 for w, h in boxes)
+                    queue = page.inner_text("section[aria-labelledby=h-queue]")
+                    assert "never added to waste" in queue and "coder" in queue
+                    costs = page.inner_text("section[aria-labelledby=h-costs]")
+                    assert "evaluation" in costs and "EVL001" in costs
                 else:
                     body = page.inner_text("body")
                     assert "<script>alert(1)</script>" in body  # shown as text

@@ -192,6 +192,17 @@ def test_unknown_rule_setting_lists_valid_keys(run_cli, demo_db, tmp_path):
     )
 
 
+def test_red_line_tolerances_must_be_numbers(run_cli, demo_db, tmp_path):
+    config = tmp_path / "audit.toml"
+    config.write_text('[metrics]\nred_line_tolerances = { "eval/safety/*" = "small" }\n')
+    code, _, err = run_cli("--db", str(demo_db["db"]), "--config", str(config), "scan")
+    assert code == 2
+    assert (
+        f"config {config}:2: [metrics] red_line_tolerances.eval/safety/* must be a non-negative number"
+        in err
+    )
+
+
 class Broken(Rule):
     """Always raises."""
 
