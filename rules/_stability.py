@@ -18,6 +18,7 @@ frozen at the candidate onset, so a slow drift of the reference cannot hide a bl
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -67,49 +68,123 @@ def thresholds(ctx: RuleContext) -> dict[str, float]:
     return effective_thresholds(get_rule("STB001"), ctx.config)
 
 
-def series_by_run(ctx: RuleContext) -> dict[tuple, dict[str, tuple[str, list]]]:
-    """Per run, per stability kind, the first configured metric it logged and its points."""
+def chosen_series(ctx: RuleContext) -> dict[tuple, dict[str, str]]:
+    """Per run, per stability kind, the first configured metric name it logged."""
 
     def load():
-        globs = {kind: ctx.metric_globs(kind) for kind in KINDS}
-        every = sorted({g for gs in globs.values() for g in gs})
-        if not every:
+        import polars as pl
+
+        # which metric names (of the few distinct ones) each kind's globs match, in order:
+        # the configured order decides (train/loss before loss when a run logged both)
+        names = [
+            k for (k,) in ctx.con.execute("SELECT DISTINCT key FROM latest_metrics").fetchall()
+        ]
+        matched = []
+        for kind in KINDS:
+            for rank, glob in enumerate(ctx.metric_globs(kind)):
+                matched += [(kind, key, rank) for key in names if fnmatchcase(key, glob)]
+        if not matched:
             return {}
-        condition = " OR ".join(["key GLOB ?"] * len(every))
-        keys_of: dict[tuple, set[str]] = {}
-        for row in ctx.rows(
-            f"SELECT DISTINCT source_id, run_id, key FROM latest_metrics WHERE {condition}", every
-        ):
-            keys_of.setdefault((row["source_id"], row["run_id"]), set()).add(row["key"])
+        ctx.con.register(
+            "stability_names",
+            pl.DataFrame(matched, schema=["kind", "key", "rank"], orient="row"),
+        )
+        try:
+            rows = ctx.con.execute(
+                """
+                SELECT l.source_id, l.run_id, n.kind, arg_min(l.key, (n.rank, l.key)) AS key
+                FROM latest_metrics l JOIN stability_names n USING (key) GROUP BY ALL
+                """
+            ).fetchall()
+        finally:
+            ctx.con.unregister("stability_names")
         chosen: dict[tuple, dict[str, str]] = {}
-        for run, keys in keys_of.items():
-            for kind in KINDS:
-                # the configured order decides: train/loss before loss when both exist
-                key = next(
-                    (k for g in globs[kind] for k in sorted(keys) if fnmatchcase(k, g)), None
-                )
-                if key:
-                    chosen.setdefault(run, {})[kind] = key
-        wanted = sorted({k for kinds in chosen.values() for k in kinds.values()})
-        points: dict[tuple, dict[str, list]] = {}
-        if wanted:
+        for source_id, run_id, kind, key in rows:
+            chosen.setdefault((source_id, run_id), {})[kind] = key
+        return chosen
+
+    return ctx.once(("stability-series",), load)
+
+
+# A necessary condition for each signal, one aggregate per series in SQL: only the series
+# that pass it are read point by point (at 100k runs most series are clean and never leave
+# the database). A spike is ≥ factor × a running median, which (for non-negative values)
+# is never below the series' minimum; a collapse is ≤ fraction × an early median, never
+# above the series' maximum.
+SCREEN = """
+SELECT m.source_id, m.run_id, m.key FROM metrics m
+JOIN stability_chosen c USING (source_id, run_id, key)
+WHERE m.ts IS NOT NULL
+GROUP BY m.source_id, m.run_id, m.key, c.kind
+HAVING (c.kind IN ('loss', 'grad_norm') AND (
+            count(*) FILTER (WHERE m.value IS NULL OR NOT isfinite(m.value)) > 0
+            OR max(m.value) FILTER (WHERE isfinite(m.value)) >= (CASE c.kind
+                WHEN 'loss' THEN $loss_factor ELSE $grad_factor END)
+                * greatest(min(m.value) FILTER (WHERE isfinite(m.value)), 0)))
+    OR (c.kind = 'kl' AND max(m.value) FILTER (WHERE isfinite(m.value)) >= $kl_floor
+        AND max(m.value) FILTER (WHERE isfinite(m.value))
+            >= $kl_factor * greatest(min(m.value) FILTER (WHERE isfinite(m.value)), 0))
+    OR (c.kind = 'entropy' AND min(m.value) FILTER (WHERE isfinite(m.value))
+        <= $entropy_fraction * max(m.value) FILTER (WHERE isfinite(m.value)))
+    OR (c.kind = 'reward' AND min(m.value) FILTER (WHERE isfinite(m.value))
+        < max(m.value) FILTER (WHERE isfinite(m.value)))
+    OR (c.kind = 'truncation' AND max(m.value) FILTER (WHERE isfinite(m.value)) > $truncation_max)
+    OR (c.kind = 'policy_clip' AND max(m.value) FILTER (WHERE isfinite(m.value)) > $policy_clip_max)
+"""
+
+
+def series_points(ctx: RuleContext) -> dict[tuple, dict[str, list]]:
+    """Per run, per metric name, the points of the series that may show a signal."""
+
+    def load():
+        import polars as pl
+
+        chosen = chosen_series(ctx)
+        rows = [
+            {"source_id": run[0], "run_id": run[1], "key": key, "kind": kind}
+            for run, kinds in chosen.items()
+            for kind, key in kinds.items()
+        ]
+        if not rows:
+            return {}
+        th = thresholds(ctx)
+        ctx.con.register("stability_chosen", pl.DataFrame(rows))
+        try:
+            candidates = ctx.con.execute(
+                SCREEN,
+                {
+                    "loss_factor": th["loss_spike_factor"],
+                    "grad_factor": th["grad_norm_factor"],
+                    "kl_factor": th["kl_factor"],
+                    "kl_floor": th["kl_floor"],
+                    "entropy_fraction": th["entropy_collapse_fraction"],
+                    "truncation_max": th["truncation_max"],
+                    "policy_clip_max": th["policy_clip_max"],
+                },
+            ).fetchall()
+            ctx.con.register(
+                "stability_candidates",
+                pl.DataFrame(candidates, schema=["source_id", "run_id", "key"], orient="row").cast(
+                    pl.String
+                ),
+            )
+            points: dict[tuple, dict[str, list]] = {}
             for source_id, run_id, key, step, ts, value in ctx.con.execute(
                 """
-                SELECT source_id, run_id, key, step, ts, value FROM metrics
-                WHERE list_contains(?, key) AND ts IS NOT NULL
-                ORDER BY source_id, run_id, key, step, ts
-                """,
-                [wanted],
+                SELECT m.source_id, m.run_id, m.key, m.step, m.ts, m.value
+                FROM metrics m JOIN stability_candidates c USING (source_id, run_id, key)
+                WHERE m.ts IS NOT NULL ORDER BY m.source_id, m.run_id, m.key, m.step, m.ts
+                """
             ).fetchall():
                 points.setdefault((source_id, run_id), {}).setdefault(key, []).append(
                     (step, ts, value)
                 )
-        return {
-            run: {kind: (key, points.get(run, {}).get(key, [])) for kind, key in kinds.items()}
-            for run, kinds in chosen.items()
-        }
+        finally:
+            ctx.con.unregister("stability_chosen")
+            ctx.con.unregister("stability_candidates")
+        return points
 
-    return ctx.once(("stability-series",), load)
+    return ctx.once(("stability-points",), load)
 
 
 def signals_of(series: dict[str, tuple[str, list]], th: dict[str, float]) -> list[Signal]:
@@ -130,8 +205,12 @@ def unstable_runs(ctx: RuleContext) -> dict[tuple, list[Signal]]:
 
     def compute():
         th = thresholds(ctx)
+        chosen = chosen_series(ctx)
         out = {}
-        for run, series in series_by_run(ctx).items():
+        for run, by_key in series_points(ctx).items():
+            series = {
+                kind: (key, by_key[key]) for kind, key in chosen[run].items() if key in by_key
+            }
             found = signals_of(series, th)
             if found:
                 out[run] = found
@@ -170,10 +249,16 @@ def _nonfinite(metric, values, th) -> Signal | None:
     return _signal("non-finite", metric, values, i, "not a finite number (NaN or infinite)")
 
 
-def _median_since_warmup(values, i, th) -> float | None:
+def _running_medians(values, th) -> list[float | None]:
+    """For each index i, the median of the finite points in [warm-up, i) (≥ 3 of them)."""
     warm = int(th["warmup_points"])
-    finite = [v for _, _, v in values[warm:i] if math.isfinite(v)]
-    return statistics.median(finite) if len(finite) >= 3 else None
+    seen: list[float] = []
+    out: list[float | None] = []
+    for i, (_, _, v) in enumerate(values):
+        out.append(statistics.median(seen) if len(seen) >= 3 else None)
+        if i >= warm and math.isfinite(v):
+            bisect.insort(seen, v)
+    return out
 
 
 def _spike(kind_label: str, factor_key: str, floor_key: str | None = None):
@@ -182,20 +267,19 @@ def _spike(kind_label: str, factor_key: str, floor_key: str | None = None):
             return None  # a signed series (policy-gradient loss): no ratio to its median
         factor = th[factor_key]
         floor = th[floor_key] if floor_key else 0.0
-        references = {}
+        medians = _running_medians(values, th)
 
         def abnormal_from(i):
-            median = _median_since_warmup(values, i, th)
+            median = medians[i]
             if median is None or median <= 0:
                 return None
-            references[i] = median
             limit = max(factor * median, floor)
             return lambda v: not math.isfinite(v) or v >= limit
 
         i = _onset(values, th, abnormal_from)
         if i is None:
             return None
-        median = references[i]
+        median = medians[i]
         text = f"≥ {factor:g} × running median {median:.4g} = {factor * median:.4g}"
         if floor_key:
             text += f" and ≥ {floor:g}"
@@ -227,14 +311,17 @@ def _reward(metric, values, th) -> Signal | None:
     if not warm:
         return None
     early = statistics.median(warm)
+    spreads, high, low = [], -math.inf, math.inf
+    for _, _, v in values:  # the range of the points before each index
+        spreads.append(high - low if high >= low else 0.0)
+        if math.isfinite(v):
+            high, low = max(high, v), min(low, v)
     limits = {}
 
     def abnormal_from(i):
-        before = [v for _, _, v in values[:i] if math.isfinite(v)]
-        spread = max(before) - min(before) if before else 0.0
-        if spread <= 0:
+        if spreads[i] <= 0:
             return None
-        limits[i] = (early - th["reward_drop_fraction"] * spread, spread)
+        limits[i] = (early - th["reward_drop_fraction"] * spreads[i], spreads[i])
         return lambda v: math.isfinite(v) and v < limits[i][0]
 
     i = _onset(values, th, abnormal_from)

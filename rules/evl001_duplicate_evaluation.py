@@ -48,20 +48,16 @@ class DuplicateEvaluation(Rule):
     def check(self, ctx: RuleContext):
         eval_methods = list(ctx.config.values["attribution"]["eval_methods"])
         keys = list(ctx.config.values["attribution"]["evaluated_model_keys"])
+        evaluations = [
+            r for r in ctx.facts.runs if r.method in eval_methods and r.lifecycle_stage == "active"
+        ]
+        if not evaluations:
+            return
         evaluated = _first_values(ctx, keys)
-        benchmarks: dict[tuple, tuple[str, ...]] = {}
-        for row in ctx.rows(
-            """
-            SELECT source_id, run_id, list(DISTINCT key ORDER BY key) AS keys FROM latest_metrics
-            WHERE NOT starts_with(key, 'system/') GROUP BY ALL
-            """
-        ):
-            benchmarks[(row["source_id"], row["run_id"])] = tuple(row["keys"])
+        benchmarks = _benchmarks(ctx, evaluations)
         groups: dict[tuple, list] = {}
         unnamed = []
-        for run in ctx.facts.runs:
-            if run.method not in eval_methods or run.lifecycle_stage != "active":
-                continue
+        for run in evaluations:
             suite = benchmarks.get(run.key)
             if not suite:
                 continue
@@ -131,6 +127,29 @@ class DuplicateEvaluation(Rule):
             method=duplicates[0].method,
             happened_at=duplicates[0].start_time,
         )
+
+
+def _benchmarks(ctx: RuleContext, runs: list) -> dict[tuple, tuple[str, ...]]:
+    """The metric names (system metrics aside) each of ``runs`` logged."""
+    import polars as pl
+
+    ctx.con.register(
+        "evaluation_runs",
+        pl.DataFrame(
+            {"source_id": [r.source_id for r in runs], "run_id": [r.run_id for r in runs]}
+        ),
+    )
+    try:
+        rows = ctx.con.execute(
+            """
+            SELECT source_id, run_id, list(DISTINCT key ORDER BY key) FROM latest_metrics
+            JOIN evaluation_runs USING (source_id, run_id)
+            WHERE NOT starts_with(key, 'system/') GROUP BY ALL
+            """
+        ).fetchall()
+    finally:
+        ctx.con.unregister("evaluation_runs")
+    return {(source_id, run_id): tuple(keys) for source_id, run_id, keys in rows}
 
 
 def _first_values(ctx: RuleContext, keys: list[str]) -> dict[tuple, str]:

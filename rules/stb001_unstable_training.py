@@ -3,7 +3,14 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
 
 from ._metrics import lookalike_metrics
-from ._stability import KINDS, LOOKALIKE_WORDS, chart_points, series_by_run, unstable_runs
+from ._stability import (
+    KINDS,
+    LOOKALIKE_WORDS,
+    chart_points,
+    chosen_series,
+    series_points,
+    unstable_runs,
+)
 
 
 class UnstableTraining(Rule):
@@ -79,8 +86,7 @@ class UnstableTraining(Rule):
     recommendation = "Alert on the stability series and stop at the onset; resume from the last good checkpoint with safer settings."
 
     def check(self, ctx: RuleContext):
-        series = series_by_run(ctx)
-        if not series:
+        if not chosen_series(ctx):
             globs = [g for kind in KINDS for g in ctx.metric_globs(kind)]
             lookalikes = lookalike_metrics(ctx, LOOKALIKE_WORDS, substrings=())
             seen = (
@@ -123,7 +129,8 @@ class UnstableTraining(Rule):
                 if gpu_hours is not None
                 else f"{span}; {run.cost.basis}: no GPU-hour or dollar figure"
             )
-            key, points = series_by_run(ctx)[run.key][first.series]
+            key = first.metric
+            points = series_points(ctx)[run.key][key]
             more = f"; {len(signals) - 1} more signal(s)" if len(signals) > 1 else ""
             yield self.finding(
                 subject={"run_id": run.run_id, "run_name": run.name},
