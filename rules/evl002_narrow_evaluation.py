@@ -42,7 +42,9 @@ class NarrowEvaluation(Rule):
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "min_general_benchmarks": Threshold(
-            2, "fewer distinct general metrics than this is a narrow evaluation", 1
+            2,
+            "fewer distinct general metrics than this is a narrow evaluation (issue 17: K = 2)",
+            1,
         )
     }
     recommendation = "Evaluate at least two general benchmarks of different kinds during training."

@@ -47,7 +47,10 @@ class DominatedRun(Rule):
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "cost_ratio": Threshold(
-            0.9, "the dominating run cost at most this × the dominated one's GPU-hours", 0, 1
+            0.9,
+            "the dominating run cost at most this × the dominated one's GPU-hours (10 % cheaper: beyond timing noise)",
+            0,
+            1,
         )
     }
     recommendation = (

@@ -48,14 +48,27 @@ class NoPilotRun(Rule):
     family_label = "missing pilots"
     needs = {"runs": "no runs imported"}
     thresholds = {
-        "large_gpus": Threshold(32, "a run on at least this many GPUs is large", 1, unit="GPUs"),
+        "large_gpus": Threshold(
+            32,
+            "a run on at least this many GPUs is large (four 8-GPU nodes: multi-node)",
+            1,
+            unit="GPUs",
+        ),
         "large_gpu_hours": Threshold(
-            256, "a run of at least this many GPU-hours is large", 0, unit="GPU-h"
+            256,
+            "a run of at least this many GPU-hours is large (one 8-GPU node for 32 h)",
+            0,
+            unit="GPU-h",
         ),
         "pilot_gpus": Threshold(
-            8, "GPUs of the pilot the large run should have had", 1, unit="GPUs"
+            8, "GPUs of the pilot the large run should have had (one node)", 1, unit="GPUs"
         ),
-        "pilot_hours": Threshold(1.0, "duration of that pilot", 0, unit="h"),
+        "pilot_hours": Threshold(
+            1.0,
+            "duration of that pilot (start-up, a few hundred steps and a checkpoint)",
+            0,
+            unit="h",
+        ),
     }
     recommendation = "Pilot a new recipe at one node for an hour before launching it at scale."
 

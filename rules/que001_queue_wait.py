@@ -44,10 +44,20 @@ class QueueWait(Rule):
     needs = {"jobs": "no Slurm jobs imported"}
     thresholds = {
         "team_gpu_hours_waited": Threshold(
-            100.0, "a team's GPUs × wait in the window that makes a finding", 0, unit="GPU-h"
+            100.0,
+            "a team's GPUs × wait in the window that makes a finding (an 8-GPU job waiting half a day)",
+            0,
+            unit="GPU-h",
         ),
-        "long_wait_hours": Threshold(24.0, "a job waiting this long behind a sweep", 0, unit="h"),
-        "sweep_jobs": Threshold(10, "another team's jobs in the partition that make a sweep", 1),
+        "long_wait_hours": Threshold(
+            24.0,
+            "a job waiting this long behind a sweep (issue 17: queueing for a day)",
+            0,
+            unit="h",
+        ),
+        "sweep_jobs": Threshold(
+            10, "another team's jobs running in the partition that make a sweep", 1
+        ),
     }
     recommendation = (
         "Throttle sweeps (job arrays with %N, per-account job limits) and review fair-share."

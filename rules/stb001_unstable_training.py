@@ -67,21 +67,57 @@ class UnstableTraining(Rule):
     family_label = "unstable training"
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
-        "warmup_points": Threshold(5, "logged points at the start that are never an onset", 0),
-        "sustain_points": Threshold(3, "consecutive abnormal points that make a signal", 1),
-        "grace_hours": Threshold(1.0, "time to react after the onset: not waste", 0, unit="h"),
-        "loss_spike_factor": Threshold(10.0, "loss ≥ this × its running median", 1),
-        "grad_norm_factor": Threshold(10.0, "grad norm ≥ this × its running median", 1),
-        "kl_factor": Threshold(10.0, "KL ≥ this × its running median (and ≥ kl_floor)", 1),
-        "kl_floor": Threshold(0.1, "a KL below this is never a blow-up", 0, unit="nats"),
+        "warmup_points": Threshold(
+            5, "logged points at the start that are never an onset (early steps move fast)", 0
+        ),
+        "sustain_points": Threshold(
+            3,
+            "consecutive abnormal points that make a signal (a spike that recovers, e.g. a skipped fp16 overflow step, is not one)",
+            1,
+        ),
+        "grace_hours": Threshold(
+            1.0, "time for an alert and a person to react after the onset: not waste", 0, unit="h"
+        ),
+        "loss_spike_factor": Threshold(
+            10.0, "loss ≥ this × its running median (Megatron-LM SPIKY_LOSS_FACTOR = 10)", 1
+        ),
+        "grad_norm_factor": Threshold(
+            10.0, "grad norm ≥ this × its running median (Megatron-LM's spiky-loss factor)", 1
+        ),
+        "kl_factor": Threshold(
+            10.0,
+            "KL ≥ this × its running median and ≥ kl_floor (Megatron-LM's spiky-loss factor)",
+            1,
+        ),
+        "kl_floor": Threshold(
+            0.1,
+            "a KL below this is never a blow-up (the top of the 0.01-0.1 per-token KL RLHF runs keep)",
+            0,
+            unit="nats",
+        ),
         "entropy_collapse_fraction": Threshold(
-            0.1, "entropy ≤ this × its early (warm-up) median", 0, 1
+            0.1,
+            "entropy ≤ this × its early (warm-up) median: near zero is collapse (TRL logging guide, DAPO); relative because token entropy differs by model",
+            0,
+            1,
         ),
         "reward_drop_fraction": Threshold(
-            0.5, "reward below its early median by this × the range it had spanned", 0
+            0.5,
+            "reward below its early median by this × the range it had spanned (half its progress lost and more)",
+            0,
         ),
-        "truncation_max": Threshold(0.1, "share of responses cut at the length limit", 0, 1),
-        "policy_clip_max": Threshold(0.3, "share of tokens clipped by the trust region", 0, 1),
+        "truncation_max": Threshold(
+            0.1,
+            "share of responses cut at the length limit (verl response_length/clip_ratio guidance)",
+            0,
+            1,
+        ),
+        "policy_clip_max": Threshold(
+            0.3,
+            "share of tokens clipped by the trust region (PPO clip fractions of 0.1-0.3 are usual; TRL: high clipfrac means too drastic updates)",
+            0,
+            1,
+        ),
     }
     recommendation = "Alert on the stability series and stop at the onset; resume from the last good checkpoint with safer settings."
 
