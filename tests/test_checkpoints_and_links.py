@@ -144,7 +144,9 @@ def test_user_and_time_link_when_no_tag(tmp_path, run_cli):
 
 def test_status_shows_coverage(demo_db):
     text = demo_db["status"]
-    assert "runs 19 (1 deleted), params 268, tags 97, metric points 1,814, dataset inputs 17" in text
+    assert (
+        "runs 19 (1 deleted), params 268, tags 97, metric points 1,814, dataset inputs 17" in text
+    )
     assert "jobs 20 (20 with GPUs), 2026-11-16 00:59 to 2026-11-21 04:01 (UTC)" in text
     assert "GPU samples 13,936 from 5 hosts / 40 GPUs" in text
     assert "  attached to a job 12,120, no job on the host 1,568, ambiguous 248" in text
