@@ -66,6 +66,13 @@ def get_rule(code: str) -> type[Rule]:
     return rules[code.upper()]
 
 
+def effective_thresholds(rule: type[Rule], config) -> dict[str, float]:
+    """A rule's thresholds: its defaults, overridden by ``[rules.CODE]`` of the config."""
+    values = {key: threshold.default for key, threshold in rule.thresholds.items()}
+    values.update(config.values["rules"].get(rule.code, {}))
+    return values
+
+
 def validate_rule_settings(code: str, settings: dict, where: str) -> dict[str, float]:
     rule = get_rule(code)
     out = {}

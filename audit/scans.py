@@ -14,7 +14,7 @@ import polars as pl
 
 from audit.config import Config
 from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
-from audit.rule_registry import all_rules
+from audit.rule_registry import all_rules, effective_thresholds
 from audit.windows import Window
 
 
@@ -71,8 +71,7 @@ def run_rules(
     shared = {} if shared is None else shared
     for rule_class in rules:
         started = time.monotonic()
-        thresholds = {k: t.default for k, t in rule_class.thresholds.items()}
-        thresholds.update(config.values["rules"].get(rule_class.code, {}))
+        thresholds = effective_thresholds(rule_class, config)
         ctx = RuleContext(
             con=con, config=config, thresholds=thresholds, window=window, shared=shared
         )

@@ -35,6 +35,9 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
         for bucket, key in ((by_team, f.team), (by_method, f.method)):
             bucket[key or "unknown"]["waste_gpu_hours"] += f.gpu_hours or 0.0
             bucket[key or "unknown"]["waste_usd"] += f.usd or 0.0
+    eval_methods = set(config.values["attribution"]["eval_methods"])
+    evaluations = [i for i in items if i["method"] in eval_methods]
+    duplicates = [f for f in active if f.rule == "EVL001"]
     statuses = {r.rule: r.status for r in result.results}
     unpriced = [i for i in items if i["gpu_hours"] is None]
     return {
@@ -53,6 +56,15 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
             "runs_without_cost": len(unpriced),
             "run_hours_without_cost": round(sum(i["run_hours"] or 0 for i in unpriced), 3),
             "note": "GPU jobs and runs outside Slurm; idle hosts outside any job are waste on top of this",
+        },
+        "evaluation": {
+            "runs": len(evaluations),
+            "gpu_hours": round(sum(i["gpu_hours"] or 0 for i in evaluations), 3),
+            "usd": round(sum(i["usd"] or 0 for i in evaluations), 2),
+            "runs_without_cost": sum(1 for i in evaluations if i["gpu_hours"] is None),
+            "duplicate_gpu_hours": round(sum(f.gpu_hours or 0 for f in duplicates), 3),
+            "duplicate_usd": round(sum(f.usd or 0 for f in duplicates), 2),
+            "note": "spend of evaluation runs ([attribution] eval_methods); duplicates are EVL001 findings",
         },
         "families": family_rows,
         "by_team": {k: {n: round(x, 2) for n, x in v.items()} for k, v in sorted(by_team.items())},

@@ -3,10 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
 from audit.windows import iso_week
 
-from ._metrics import TRAINING_METHODS_EXCLUDED, glob_sql, lookalike_metrics
-
-# a run with a method, or with one of these params, is recognisably a training run
-LEARNING_RATE_KEYS = ("learning_rate", "*.learning_rate", "lr", "*.lr", "*_lr")
+from ._metrics import LEARNING_RATE_KEYS, TRAINING_METHODS_EXCLUDED, glob_sql, lookalike_metrics
 
 
 class UnmonitoredGeneralAbility(Rule):

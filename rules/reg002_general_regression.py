@@ -3,6 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 from ._metrics import glob_sql
+from ._shared import recipes
 
 
 class GeneralRegression(Rule):
@@ -51,17 +52,8 @@ class GeneralRegression(Rule):
         condition, globs = glob_sql(ctx, "general")
         baseline_tag = ctx.config.values["attribution"]["baseline_tag"]
         facts = ctx.facts.runs
-        baselines: dict[str, object] = {}
-        flagged = {
-            (r["source_id"], r["run_id"])
-            for r in ctx.rows(
-                "SELECT source_id, run_id FROM tags WHERE key = ? AND lower(value) = 'true'",
-                [baseline_tag],
-            )
-        }
-        for run in facts:
-            if run.key in flagged and run.base_model:
-                baselines.setdefault(run.base_model, run)  # the earliest baseline wins
+        found = recipes(ctx)  # baselines: the earliest active tagged run per base model
+        baselines = found.baselines
         latest = ctx.rows(
             f"SELECT source_id, run_id, key, value FROM latest_metrics WHERE {condition}", globs
         )
@@ -75,7 +67,7 @@ class GeneralRegression(Rule):
         without_baseline: dict[str | None, list[dict]] = {}
         for run in facts:
             key = run.key
-            if key in flagged or key not in values or run.lifecycle_stage != "active":
+            if found.is_baseline(run) or key not in values or run.lifecycle_stage != "active":
                 continue
             if not ctx.window.contains(run.start_time):
                 continue

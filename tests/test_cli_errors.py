@@ -74,7 +74,7 @@ def test_damaged_file_store_names_the_file_and_writes_nothing(tmp_path, run_cli)
     _one_line_error(code, out, err, "/metrics/train/loss:2: expected 'timestamp value [step]'")
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM sources").fetchall() == [(1,)]
-    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(16,)]
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(19,)]
     con.close()
 
 

@@ -115,6 +115,8 @@ def test_slurm_only_real_sacct_judges_gpu_jobs_from_tres_usage(run_cli, tmp_path
     doc = scan_doc(run_cli, db)
     flagged: dict[str, set[str]] = {}
     for finding in doc["findings"]:
+        if finding["rule"] == "QUE001":  # per team: queue wait (tests/test_realdata_issue17.py)
+            continue
         flagged.setdefault(finding["subject"]["job_id"], set()).add(finding["rule"])
     got = {job: flagged.get(job, set()) for job in SACCT_VERDICTS}
     assert got == {job: rules for job, (_, rules) in SACCT_VERDICTS.items()}
@@ -229,8 +231,8 @@ def test_spend_and_waste_of_a_job_go_to_the_same_team(tmp_path):
     from audit.rule_registry import select_rules
     from audit.scans import scan
     from audit.summary import summarise
+    from audit.testing import build_warehouse
     from audit.windows import Window
-    from tests.rule_cases import build_warehouse
 
     wh, config = build_warehouse(
         tmp_path / "w.duckdb",

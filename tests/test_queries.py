@@ -280,7 +280,7 @@ def test_sql_is_read_only_and_sandboxed(statement, demo_db, run_cli, tmp_path):
     assert "root:" not in out  # nothing of /etc/passwd
     assert not Path("/tmp/audit-leak.csv").exists() and not Path("/tmp/audit-export").exists()
     con = duckdb.connect(str(demo_db["db"]), read_only=True)
-    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(19,)]
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(22,)]
     con.close()
 
 
@@ -293,7 +293,8 @@ def test_sql_views(demo_db, run_cli):
         "--format",
         "json",
     )
-    assert code == 0 and json.loads(out) == [{"n": 17}]
+    # 17 MLflow runs and the 3 W&B runs log a learning rate
+    assert code == 0 and json.loads(out) == [{"n": 20}]
     for view in (
         "runs",
         "params",
@@ -316,11 +317,11 @@ def test_export_parquet(demo_db, run_cli, tmp_path):
     code, _out, _ = run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))
     assert code == 0
     runs = pl.read_parquet(target / "runs" / "**" / "*.parquet", hive_partitioning=True)
-    assert runs.height == 19 and "source_id" in runs.columns
+    assert runs.height == 22 and "source_id" in runs.columns
     samples = duckdb.sql(
         f"SELECT count(*) FROM read_parquet('{target}/gpu_samples/*/*.parquet', hive_partitioning=true)"
     ).fetchall()
-    assert samples == [(9216,)]
+    assert samples == [(13936,)]
     assert (
         run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))[0] == 2
     )  # not empty

@@ -63,11 +63,15 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
             ("IDL001", "rl-qwen-grpo"),
             ("IDL002", plan.INTERACTIVE_JOB["job_id"]),
             ("IDL003", "gpu-h04"),
+            ("MTX001", "sft-qwen-lr1e-4"),
             ("OVP001", "4700112"),
             ("OVP004", "4700111"),
+            ("PIL001", "rl-llama-tools-grpo"),
+            ("RED001", "sft-llama-chat-mix"),
             ("REG001", "code-edit-posttrain"),
             ("REG002", "sft-qwen-lr1e-4"),
             ("SIL001", plan.DATASETS["edit-pairs"]),
+            ("STB001", "rl-qwen-grpo-lr5e-6"),
         ]
     )
     by_rule = {f["rule"]: f for f in doc["findings"]}
@@ -96,6 +100,24 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
     assert dup["cost_basis"] == "Slurm allocation; estimated from params"
     assert by_rule["IDL003"]["waste"]["gpu_hours"] == pytest.approx(8 * 12, abs=0.7)
     assert by_rule["REG002"]["severity"] == "critical"  # registered as coder-edit-sft
+    # STB: KL blows up at step 400 of 1200 (30 % of 10 h, the first logged step past it);
+    # waste from the onset + 1 h grace to the job's end (a minute after the run's)
+    runs = {r[0]: r for r in plan.RUNS}
+    start, hours = runs["rl-qwen-grpo-lr5e-6"][11], runs["rl-qwen-grpo-lr5e-6"][12]
+    onset = start + hours * 400 / 1200
+    assert by_rule["STB001"]["waste"]["gpu_hours"] == pytest.approx(
+        8 * (start + hours + 1 / 60 - onset - 1), abs=0.01
+    )
+    assert by_rule["STB001"]["evidence"]["signals"][0]["onset_step"] == 400
+    # PIL: the whole failed job (8 GPUs × 34 h + 2 min) minus a one-node, one-hour pilot
+    assert by_rule["PIL001"]["waste"]["gpu_hours"] == pytest.approx(8 * (34 + 2 / 60) - 8, abs=0.01)
+    assert "ended FAILED" in by_rule["PIL001"]["message"]
+    # RED: critical; crossed at the first evaluation (step 250 of 1500 of a 3 h run)
+    assert by_rule["RED001"]["severity"] == "critical"
+    assert by_rule["RED001"]["waste"]["gpu_hours"] == pytest.approx(
+        4 * (3 + 1 / 60 - 3 * 250 / 1500), abs=0.01
+    )
+    assert by_rule["MTX001"]["evidence"]["cheaper_run"]["name"] == "sft-qwen-lr2e-5"
     # weights as planned, plus the small JSON files of each checkpoint
     assert by_rule["CKP002"]["waste"]["bytes"] == pytest.approx(15.2e9, abs=1e5)
     for finding in doc["findings"]:
@@ -109,7 +131,8 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
     assert reclaimable == pytest.approx(
         (3 + 2 + 4) * 15.2e9 + 5 * 15.2e9 + 3 * 16.1e9 + 15.2e9 + 15.2e9, abs=2e6
     )
-    assert doc["summary"]["rules"] == {"ok": 14, "skipped": 0, "error": 0}
+    assert doc["summary"]["rules"] == {"ok": len(RULES), "skipped": 0, "error": 0}
+    assert doc["summary"]["evaluation"]["runs"] == 2
     assert set(doc["summary"]["by_method"]) >= {"sft", "rl", "opd", "eval"}
 
 
@@ -118,7 +141,7 @@ def test_scan_table_and_fail_on(run_cli, demo_db):
     code, out, _ = run_cli(*base)
     assert code == 0
     assert out.splitlines()[0].split() == ["family", "findings", "GPU-h", "$", "GB"]
-    assert re.search(r"^all\s+16\s", out, re.M)
+    assert re.search(r"^all\s+20\s", out, re.M)
     assert "critical  REG002  sft-qwen-lr1e-4" in out
     assert run_cli(*base, "--fail-on", "critical")[0] == 1
     assert run_cli(*base, "--select", "SIL", "--fail-on", "high")[0] == 0
@@ -131,7 +154,10 @@ def test_scan_table_and_fail_on(run_cli, demo_db):
 
 def test_window_limits_the_findings(run_cli, demo_db):
     _, doc = scan_json(run_cli, demo_db, "--since", "2026-11-19T16:00:00", "--until", "2026-11-23")
-    assert sorted({f["rule"] for f in doc["findings"] if f["waste"]["gpu_hours"]}) == ["OVP001"]
+    assert sorted({f["rule"] for f in doc["findings"] if f["waste"]["gpu_hours"]}) == [
+        "OVP001",
+        "STB001",
+    ]
 
 
 def test_finding_ids_are_stable_and_scans_are_stored(run_cli, demo_db):
@@ -160,7 +186,7 @@ def test_suppressions_by_tag_and_config(run_cli, demo_db, tmp_path):
         ("IDL003", "config: reserved for the Friday demo")
     ]
     assert doc["summary"]["suppressed"] == 1
-    assert doc["summary"]["findings"] == 15
+    assert doc["summary"]["findings"] == 19
 
 
 def test_unknown_rule_setting_lists_valid_keys(run_cli, demo_db, tmp_path):
@@ -176,6 +202,17 @@ def test_unknown_rule_setting_lists_valid_keys(run_cli, demo_db, tmp_path):
     assert (
         "busy_util_pct must be ≤ 100"
         in run_cli("--db", str(demo_db["db"]), "--config", str(config), "scan")[2]
+    )
+
+
+def test_red_line_tolerances_must_be_numbers(run_cli, demo_db, tmp_path):
+    config = tmp_path / "audit.toml"
+    config.write_text('[metrics]\nred_line_tolerances = { "eval/safety/*" = "small" }\n')
+    code, _, err = run_cli("--db", str(demo_db["db"]), "--config", str(config), "scan")
+    assert code == 2
+    assert (
+        f"config {config}:2: [metrics] red_line_tolerances.eval/safety/* must be a non-negative number"
+        in err
     )
 
 
@@ -271,7 +308,7 @@ def test_third_party_rules_load_through_entry_points(tmp_path, monkeypatch, run_
     _code, out, _ = run_cli("rules", "list")
     assert "NET001  too-many-runs" in out
     # a plug-in family is a family of its own in summaries, not only part of "all"
-    from tests.rule_cases import build_warehouse
+    from audit.testing import build_warehouse
 
     wh, _ = build_warehouse(
         tmp_path / "w.duckdb", {"runs": [{"run_id": "a"}, {"run_id": "b", "start": 2, "end": 3}]}

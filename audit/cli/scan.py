@@ -73,7 +73,7 @@ def render_table(result, summary, top: int = 10) -> str:
     spend = summary["spend"]
     share = (
         f" ({100 * waste['usd'] / spend['usd']:.1f} % of ${spend['usd']:,.2f} spent on {spend['runs']} runs"
-        f" and {spend['jobs_without_run']} jobs without a run)"
+        f" and {spend['jobs_without_run']} {'job' if spend['jobs_without_run'] == 1 else 'jobs'} without a run)"
         if spend["usd"]
         else ""
     )
@@ -90,6 +90,13 @@ def render_table(result, summary, top: int = 10) -> str:
         lines.append(
             f"spend excludes {spend['runs_without_cost']} runs with an unknown GPU count "
             f"({spend['run_hours_without_cost']:,.2f} run-hours): see [cost] in audit.toml"
+        )
+    evaluation = summary["evaluation"]
+    if evaluation["runs"]:
+        lines.append(
+            f"evaluation: {evaluation['gpu_hours']:,.1f} GPU-h, ${evaluation['usd']:,.2f} on "
+            f"{evaluation['runs']} evaluation runs (in the spend above), "
+            f"${evaluation['duplicate_usd']:,.2f} of it duplicates"
         )
     if summary["suppressed"]:
         lines.append(f"suppressed: {summary['suppressed']} findings (listed in --format json)")
@@ -169,6 +176,8 @@ def _subject(subject: dict) -> str:
         "run_dir",
         "experiment",
         "base_model",
+        "team",
+        "evaluated_model",
     ):
         if subject.get(key):
             return str(subject[key])

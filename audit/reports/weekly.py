@@ -2,18 +2,19 @@
 
 ``build_report`` runs (and stores) the scan of the reported week, makes sure each of the
 previous seven weeks has a stored scan (backfilling the missing ones), and assembles the
-headline, breakdowns, the method comparison, the trend, new/open/resolved findings, cost
-categories and data coverage. Renderers (HTML, Markdown, JSON) only format this data.
+headline, breakdowns, the method comparison and matrix, queue wait, the trend,
+new/open/resolved findings, cost categories and data coverage. Renderers (HTML, Markdown, JSON) only format this data.
 """
 
 from __future__ import annotations
 
 import json
-from fnmatch import fnmatchcase
 
 from audit.config import Config
 from audit.costs import shared_facts
-from audit.rule_registry import select_rules
+from audit.queue import by_team_and_partition, waits
+from audit.recipes import method_matrix, shared_recipes
+from audit.rule_registry import effective_thresholds, get_rule, select_rules
 from audit.scans import ScanResult, complete_scan, load_scan, scan
 from audit.status import warehouse_status
 from audit.summary import summarise
@@ -69,6 +70,8 @@ def build_report(
     report["coverage"] = _coverage(wh, window)
     report["methods"] = _methods(wh, config, window, summary, shared)
     report["categories"] = _categories(wh, config, summary, result)
+    report["matrix"] = _matrix(wh, config, window, shared)
+    report["queue"] = _queue(wh, config, window, shared)
     if weekly:
         previous = window.previous_week(tz)
         prev_result = _week_scan(wh, config, rules, previous, shared, fresh=False)
@@ -155,52 +158,26 @@ def _coverage(wh, window: Window) -> dict:
 def _methods(wh, config: Config, window: Window, summary: dict, shared: dict) -> dict:
     """Per training method: spend, waste, and each run's general change against its target gain."""
     facts = shared_facts(wh.con, config, shared)
-    general = config.values["metrics"]["general"]
-    target = config.values["metrics"]["target"]
-    baseline_tag = config.values["attribution"]["baseline_tag"]
-    baselines = {
-        tuple(row)
-        for row in wh.con.execute(
-            "SELECT source_id, run_id FROM tags WHERE key = ? AND lower(value) = 'true'",
-            [baseline_tag],
-        ).fetchall()
-    }
-    latest: dict[tuple, dict[str, float]] = {}
-    for source_id, run_id, key, value in wh.con.execute(
-        "SELECT source_id, run_id, key, value FROM latest_metrics WHERE NOT isnan(value)"
-    ).fetchall():
-        latest.setdefault((source_id, run_id), {})[key] = value
-    base_by_model: dict[str, dict[str, float]] = {}
-    for run in facts.runs:
-        if run.key in baselines and run.base_model:
-            base_by_model.setdefault(run.base_model, latest.get(run.key, {}))
+    found = shared_recipes(wh.con, config, facts, shared)
     points = []
     for run in facts.runs:
-        reference = base_by_model.get(run.base_model)
         if (
             not window.contains(run.start_time)
-            or run.key in baselines
-            or reference is None
+            or found.is_baseline(run)
             or run.status != "FINISHED"
             or run.lifecycle_stage != "active"
         ):
             continue
-        values = latest.get(run.key, {})
-        general_changes = [
-            values[k] - reference[k] for k in values if _matches(k, general) and k in reference
-        ]
-        target_gains = [
-            values[k] - reference[k] for k in values if _matches(k, target) and k in reference
-        ]
-        if not general_changes or not target_gains:
+        outcome = found.outcome(run)
+        if outcome is None or outcome.general_change is None or outcome.target_gain is None:
             continue
         points.append(
             {
                 "run_id": run.run_id,
                 "run_name": run.name,
                 "method": run.method or "unknown",
-                "general_change": round(sum(general_changes) / len(general_changes), 4),
-                "target_gain": round(sum(target_gains) / len(target_gains), 4),
+                "general_change": round(outcome.general_change, 4),
+                "target_gain": round(outcome.target_gain, 4),
             }
         )
     by_method = []
@@ -222,15 +199,60 @@ def _methods(wh, config: Config, window: Window, summary: dict, shared: dict) ->
     return {"by_method": by_method, "points": points}
 
 
-def _matches(key: str, globs: list[str]) -> bool:
-    return any(fnmatchcase(key, g) for g in globs)
+def _matrix(wh, config: Config, window: Window, shared: dict) -> dict:
+    """Per (base model, task): each method's runs with cost, target gain and general change,
+    and the cheaper run that dominates a run (MTX001's test, with its configured ratio)."""
+    facts = shared_facts(wh.con, config, shared)
+    found = shared_recipes(wh.con, config, facts, shared)
+    ratio = effective_thresholds(get_rule("MTX001"), config)["cost_ratio"]
+    groups = []
+    for (base_model, task), items in method_matrix(found, window, ratio).items():
+        runs = [
+            {
+                "run_id": item.run.run_id,
+                "run_name": item.run.name,
+                "method": item.run.method or "unknown",
+                "gpu_hours": round(item.gpu_hours, 2),
+                "target_gain": round(item.outcome.target_gain, 4),
+                "general_change": round(item.outcome.general_change, 4),
+                "dominated_by": item.dominated_by.run.name if item.dominated_by else None,
+            }
+            for item in sorted(items, key=lambda i: (i.run.method or "", i.gpu_hours, i.run.run_id))
+        ]
+        groups.append({"base_model": base_model, "task": task, "runs": runs})
+    return {"groups": groups, "cost_ratio": ratio}
+
+
+def _queue(wh, config: Config, window: Window, shared: dict) -> dict:
+    """Queue wait per team and partition: a management cost, shown apart from waste."""
+    facts = shared_facts(wh.con, config, shared)
+    found = waits(facts, window)
+    longest = sorted(found, key=lambda w: (-w.hours, w.job.job_id))[:5]
+    return {
+        "by_team_partition": by_team_and_partition(found),
+        "jobs": len(found),
+        "gpu_hours_waited": round(sum(w.gpu_hours for w in found), 2),
+        "measured_from_submit": sum(1 for w in found if w.measured_from == "Submit"),
+        "longest": [
+            {
+                "job_id": w.job.job_id,
+                "name": w.job.name,
+                "team": w.team,
+                "partition": w.partition,
+                "gpus": w.job.gpus,
+                "wait_hours": round(w.hours, 2),
+                "measured_from": w.measured_from,
+            }
+            for w in longest
+        ],
+    }
 
 
 def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[dict]:
     price = float(config.values["prices"]["storage_gb_month_usd"])
     stored = wh.con.execute("SELECT coalesce(sum(bytes), 0) FROM checkpoints").fetchall()[0][0]
-    evaluation = summary["by_method"].get("eval", {}).get("usd", 0.0)
-    rework = sum(f.usd or 0 for f in result.active if f.family in ("REG", "DUP"))
+    evaluation = summary["evaluation"]
+    rework = sum(f.usd or 0 for f in result.active if f.family in ("REG", "RED", "DUP"))
     return [
         {
             "category": "compute",
@@ -243,11 +265,20 @@ def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[d
             "basis": f"{stored / 1e9:,.1f} GB of checkpoints × ${price:.3f}/GB-month (per month)",
         },
         {
-            "category": "evaluation runs",
-            "usd": round(evaluation, 2),
-            "basis": "spend of runs with method eval",
+            "category": "evaluation",
+            "usd": round(evaluation["usd"], 2),
+            "basis": (
+                f"{evaluation['gpu_hours']:,.1f} GPU-h of {evaluation['runs']} evaluation runs "
+                f"(method {', '.join(config.values['attribution']['eval_methods'])}), part of "
+                f"compute; ${evaluation['duplicate_usd']:,.2f} of it re-evaluated the same "
+                "model on the same benchmarks (EVL001)"
+            ),
         },
-        {"category": "rework", "usd": round(rework, 2), "basis": "waste of REG and DUP findings"},
+        {
+            "category": "rework",
+            "usd": round(rework, 2),
+            "basis": "waste of REG, RED and DUP findings",
+        },
     ]
 
 
