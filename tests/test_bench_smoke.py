@@ -38,6 +38,8 @@ def test_bench_size_s_runs_every_step(tmp_path):
         "MLflow full import",
         "incremental import (+10 runs, 1 %)",
         "unchanged re-import",
+        "tracking-server import (with metric histories)",
+        "tracking-server unchanged re-import",
         "telemetry import (115,200 rows)",
         "sacct import",
         "checkpoint inventory",
@@ -45,7 +47,8 @@ def test_bench_size_s_runs_every_step(tmp_path):
         "`audit scan` peak RSS",
         "`runs search` median latency",
         "speed-up over mlflow.search_runs",
-        "weekly report (HTML)",
+        "weekly report, first render (HTML)",
+        "weekly report, later renders (HTML)",
     ):
         assert f"| {step} |" in table, step
     assert re.search(r"on \d+ cores", table)
