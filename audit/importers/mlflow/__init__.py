@@ -23,6 +23,7 @@ from audit.errors import InputError
 from audit.importers.files import insert_frame
 from audit.importers.links import refresh_links
 from audit.importers.mlflow.base import DetailBatch, MlflowReader, latest_from_history, stable_hash
+from audit.importers.mlflow.fields import EPOCH_MS_MAX, EPOCH_MS_MIN, epoch_ms_to_datetime
 from audit.importers.mlflow.filestore import FileStoreReader
 from audit.importers.mlflow.normalise import normalised_params
 from audit.importers.mlflow.rest import RestReader, redact_url
@@ -127,7 +128,7 @@ def import_mlflow(
         model_versions = reader.model_versions()
         with wh.transaction() as con:
             _upsert_source(con, source_id, reader.kind, reader.location, started_at)
-            _replace_experiments(con, source_id, experiments)
+            _replace_experiments(con, source_id, experiments, reader.location)
             con.execute("CREATE OR REPLACE TEMP TABLE audit_changed (run_id VARCHAR)")
             con.register(
                 "changed_ids", pl.DataFrame({"run_id": changed_ids}, schema={"run_id": pl.String})
@@ -140,10 +141,10 @@ def import_mlflow(
                     "AND run_id IN (SELECT run_id FROM audit_changed)",
                     [source_id],
                 )
-            insert_frame(con, "runs", _runs_frame(changed, source_id, started_at))
+            insert_frame(con, "runs", _runs_frame(changed, source_id, started_at, reader.location))
             progress.start(len(changed_ids))
             for batch in prefetch(reader.details(changed_ids)):
-                write_batch(con, batch, source_id)
+                write_batch(con, batch, source_id, reader.location)
                 summary.params += batch.params.height
                 summary.tags += batch.tags.height
                 summary.metric_points += batch.metrics.height
@@ -153,10 +154,9 @@ def import_mlflow(
             insert_frame(
                 con,
                 "model_versions",
-                model_versions.with_columns(
-                    source_id=pl.lit(source_id),
-                    creation_time=pl.from_epoch(pl.col("creation_time"), time_unit="ms"),
-                ),
+                epoch_ms_to_datetime(
+                    model_versions, ["creation_time"], "model", "name", reader.location
+                ).with_columns(source_id=pl.lit(source_id)),
             )
             summary.model_versions = model_versions.height
             refresh_links(con, config or load_config(None))
@@ -173,7 +173,7 @@ def import_mlflow(
     return summary
 
 
-def write_batch(con, batch: DetailBatch, source_id: str) -> None:
+def write_batch(con, batch: DetailBatch, source_id: str, location: str) -> None:
     """Insert one batch of run details (params normalised, latest metrics derived if absent)."""
     latest = (
         batch.latest_metrics
@@ -183,8 +183,8 @@ def write_batch(con, batch: DetailBatch, source_id: str) -> None:
     source = pl.lit(source_id)
     insert_frame(con, "params", normalised_params(batch.params).with_columns(source_id=source))
     insert_frame(con, "tags", batch.tags.with_columns(source_id=source))
-    insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id))
-    insert_frame(con, "latest_metrics", _metric_frame(latest, source_id))
+    insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id, location))
+    insert_frame(con, "latest_metrics", _metric_frame(latest, source_id, location))
     insert_frame(con, "dataset_inputs", batch.datasets.with_columns(source_id=source))
 
 
@@ -258,12 +258,14 @@ def _upsert_source(con, source_id: str, kind: str, location: str, now: datetime)
         )
 
 
-def _replace_experiments(con, source_id: str, experiments: pl.DataFrame) -> None:
-    frame = experiments.with_columns(
-        source_id=pl.lit(source_id),
-        creation_time=pl.from_epoch(pl.col("creation_time"), time_unit="ms"),
-        last_update_time=pl.from_epoch(pl.col("last_update_time"), time_unit="ms"),
-    )
+def _replace_experiments(con, source_id: str, experiments: pl.DataFrame, location: str) -> None:
+    frame = epoch_ms_to_datetime(
+        experiments,
+        ["creation_time", "last_update_time"],
+        "experiment",
+        "experiment_id",
+        location,
+    ).with_columns(source_id=pl.lit(source_id))
     con.register("incoming_experiments", frame)
     con.execute(
         "DELETE FROM experiments WHERE source_id = ? AND experiment_id IN "
@@ -274,31 +276,26 @@ def _replace_experiments(con, source_id: str, experiments: pl.DataFrame) -> None
     insert_frame(con, "experiments", frame)
 
 
-def _runs_frame(runs: pl.DataFrame, source_id: str, now: datetime) -> pl.DataFrame:
-    return runs.with_columns(
-        source_id=pl.lit(source_id),
-        imported_at=pl.lit(now),
-        **{
-            c: pl.from_epoch(pl.col(c), time_unit="ms")
-            for c in ("start_time", "end_time", "deleted_time")
-        },
-    )
+def _runs_frame(runs: pl.DataFrame, source_id: str, now: datetime, location: str) -> pl.DataFrame:
+    return epoch_ms_to_datetime(
+        runs, ["start_time", "end_time", "deleted_time"], "run", "run_id", location
+    ).with_columns(source_id=pl.lit(source_id), imported_at=pl.lit(now))
 
 
-def _metric_frame(metrics: pl.DataFrame, source_id: str) -> pl.DataFrame:
-    return metrics.with_columns(
+def _metric_frame(metrics: pl.DataFrame, source_id: str, location: str) -> pl.DataFrame:
+    checked = epoch_ms_to_datetime(metrics, ["timestamp"], "metric of run", "run_id", location)
+    return checked.with_columns(
         source_id=pl.lit(source_id),
         value=pl.col("value").fill_null(float("nan")),  # MLflow stores NaN as NULL + is_nan
-        ts=pl.from_epoch(pl.col("timestamp"), time_unit="ms"),
-    ).drop("timestamp")
+    ).rename({"timestamp": "ts"})
 
 
 def _log_import(con, summary: ImportSummary, runs: pl.DataFrame, started_at: datetime) -> None:
-    watermark = (
-        runs.select(pl.max_horizontal(pl.col("start_time").max(), pl.col("end_time").max())).item()
-        if runs.height
-        else None
-    )
+    in_range = [
+        pl.col(c).filter(pl.col(c).is_between(EPOCH_MS_MIN, EPOCH_MS_MAX)).max()
+        for c in ("start_time", "end_time")
+    ]
+    watermark = runs.select(pl.max_horizontal(in_range)).item() if runs.height else None
     next_id = con.execute("SELECT coalesce(max(import_id), 0) + 1 FROM import_log").fetchall()[0][0]
     con.execute(
         "INSERT INTO import_log VALUES (?, ?, 'mlflow', ?, ?, ?, ?, ?, ?, ?, ?, ?, epoch_ms(?::BIGINT), ?)",

@@ -70,14 +70,14 @@ def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | 
         now = now_utc()
         with wh.transaction() as con:
             _upsert_source(con, source_id, reader.kind, reader.location, now)
-            _replace_experiments(con, source_id, experiment)
+            _replace_experiments(con, source_id, experiment, reader.location)
             for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
                 con.execute(
                     f"DELETE FROM {table} WHERE source_id = ? AND run_id = ?", [source_id, run_id]
                 )
-            insert_frame(con, "runs", _runs_frame(run, source_id, now))
+            insert_frame(con, "runs", _runs_frame(run, source_id, now, reader.location))
             for batch in batches:
-                write_batch(con, batch, source_id)
+                write_batch(con, batch, source_id, reader.location)
             update_search_tables(con, source_id, [run_id])
     finally:
         reader.close()

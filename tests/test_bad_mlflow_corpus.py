@@ -1,0 +1,431 @@
+"""A corpus of hostile MLflow sources: file stores, SQLite stores and tracking servers.
+
+Each case damages a real store (the sample file store written by the MLflow client, a
+SQLite store written by the client through ``log_reference_runs``) or rewrites the answers
+of a real ``mlflow server``, then imports it through the real command in its own process,
+with a time limit and an address-space limit (a hang or a runaway read fails the case
+instead of the machine). The verdict is the corpus's: exit 2 naming the file (and line)
+or the run and field, or exit 0 when the input is still usable; never a traceback;
+nothing written on a rejection. The tally goes to ``test-artifacts/bad-mlflow-inputs.txt``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from audit.cli import cli
+from tests.helpers import REPO
+
+SAMPLE_STORE = REPO / "sample_logs" / "mlruns"
+ARTIFACTS = REPO / "test-artifacts"
+OUTCOMES: Counter = Counter()
+TIME_LIMIT_S = 90
+MEMORY_LIMIT = 3 << 30  # address space of the importing process
+TABLES = ("sources", "runs", "params", "tags", "metrics", "jobs", "import_log")
+
+
+# -- the file store ------------------------------------------------------------------------
+def _experiment(store: Path) -> Path:
+    return next(p for p in sorted(store.iterdir()) if (p / "meta.yaml").is_file() and p.name != "0")
+
+
+def _run(store: Path) -> Path:
+    return next(p for p in sorted(_experiment(store).iterdir()) if (p / "meta.yaml").is_file())
+
+
+def _param(store: Path) -> Path:
+    return _run(store) / "params" / "learning_rate"
+
+
+def _replace_with_link(path: Path, target: str) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    path.symlink_to(target)
+
+
+def _replace_with_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _replace_with_socket(path: Path) -> None:
+    path.unlink()
+    here = os.getcwd()
+    os.chdir(path.parent)  # a socket path is limited to 108 bytes; a relative one is short
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(path.name)
+    finally:
+        os.chdir(here)
+
+
+def _edit_yaml(path: Path, field: str, value: str) -> None:
+    """Set a top-level field of a meta.yaml to ``value`` (YAML source text)."""
+    lines = path.read_text().splitlines()
+    kept, skipping = [], False
+    for line in lines:
+        if line.startswith(f"{field}:"):
+            skipping = True  # the field and its indented continuation lines
+            continue
+        if skipping and line.startswith((" ", "-")):
+            continue
+        skipping = False
+        kept.append(line)
+    path.write_text("\n".join([*kept, f"{field}: {value}"]) + "\n")
+
+
+def _run_meta(field: str, value: str):
+    return lambda s: _edit_yaml(_run(s) / "meta.yaml", field, value)
+
+
+def _experiment_meta(field: str, value: str):
+    return lambda s: _edit_yaml(_experiment(s) / "meta.yaml", field, value)
+
+
+def _input_link(store: Path) -> Path:
+    return next((_run(store) / "inputs").iterdir()) / "meta.yaml"
+
+
+def _dataset_meta(store: Path) -> Path:
+    return next((_experiment(store) / "datasets").iterdir()) / "meta.yaml"
+
+
+def _model_version_meta(store: Path) -> Path:
+    return next((store / "models").iterdir()) / "version-1" / "meta.yaml"
+
+
+def _metric_file(store: Path) -> Path:
+    return _run(store) / "metrics" / "train" / "loss"
+
+
+def _append_metric_line(line: bytes):
+    def mutate(store: Path) -> None:
+        with open(_metric_file(store), "ab") as fh:
+            fh.write(b"\n" + line + b"\n")
+
+    return mutate
+
+
+def _run_folder_is_a_link(store: Path) -> None:
+    run = _run(store)
+    outside = store.parent / "outside-run"
+    shutil.copytree(run, outside)
+    _replace_with_link(run, str(outside))
+
+
+def _sparse(path: Path, size: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(size)
+
+
+def _rename_bytes(path: Path, new_name: bytes) -> None:
+    os.rename(bytes(path), os.fsencode(path.parent) + b"/" + new_name)
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)
+)
+
+# name -> (mutation of a copy of the sample store, text the rejection must contain)
+FILE_STORE = {
+    # links and special files in every folder that is walked
+    "param is a link to /etc/hostname": (
+        lambda s: _replace_with_link(_param(s), "/etc/hostname"),
+        "learning_rate: is a symbolic link",
+    ),
+    "param is a broken link": (
+        lambda s: _replace_with_link(_param(s), "/nonexistent/file"),
+        "learning_rate: is a symbolic link",
+    ),
+    "param is a link to /dev/zero": (
+        lambda s: _replace_with_link(_param(s), "/dev/zero"),
+        "learning_rate: is a symbolic link",
+    ),
+    "param is a FIFO": (lambda s: _replace_with_fifo(_param(s)), "learning_rate: is a FIFO"),
+    "param is a socket": (lambda s: _replace_with_socket(_param(s)), "learning_rate: is a socket"),
+    "tag is a FIFO": (
+        lambda s: _replace_with_fifo(_run(s) / "tags" / "team"),
+        "team: is a FIFO",
+    ),
+    "metric file is a FIFO": (lambda s: _replace_with_fifo(_metric_file(s)), "loss: is a FIFO"),
+    "params folder is a link to /etc": (
+        lambda s: _replace_with_link(_run(s) / "params", "/etc"),
+        "params: is a symbolic link",
+    ),
+    "nested metric folder is a link out": (
+        lambda s: _replace_with_link(_run(s) / "metrics" / "train", "/tmp"),
+        "train: is a symbolic link",
+    ),
+    "run folder is a link": (_run_folder_is_a_link, "is a symbolic link"),
+    "experiment folder is a link": (
+        lambda s: (s / "outside").symlink_to(_experiment(s)),
+        "outside: is a symbolic link",
+    ),
+    ".trash is a link": (lambda s: (s / ".trash").symlink_to("/tmp"), ".trash: is a symbolic link"),
+    "run meta.yaml is a link": (
+        lambda s: _replace_with_link(_run(s) / "meta.yaml", "/etc/hostname"),
+        "meta.yaml: is a symbolic link",
+    ),
+    "experiment meta.yaml is a link": (
+        lambda s: _replace_with_link(_experiment(s) / "meta.yaml", "/etc/hostname"),
+        "meta.yaml: is a symbolic link",
+    ),
+    "dataset input meta.yaml is a FIFO": (
+        lambda s: _replace_with_fifo(_input_link(s)),
+        "meta.yaml: is a FIFO",
+    ),
+    "dataset meta.yaml is a link": (
+        lambda s: _replace_with_link(_dataset_meta(s), "/etc/hostname"),
+        "meta.yaml: is a symbolic link",
+    ),
+    "model version meta.yaml is a link": (
+        lambda s: _replace_with_link(_model_version_meta(s), "/etc/hostname"),
+        "meta.yaml: is a symbolic link",
+    ),
+    "dataset source_id leads out of the store": (
+        lambda s: _edit_yaml(_input_link(s), "source_id", "../../../../../../etc"),
+        "is not the id of a dataset folder",
+    ),
+    # sizes
+    "2 MB param value": (lambda s: _sparse(_param(s), 2 << 20), "learning_rate: 2,097,152 bytes"),
+    "2 MB meta.yaml": (
+        lambda s: (_run(s) / "meta.yaml").write_text(
+            (_run(s) / "meta.yaml").read_text() + "#" * (2 << 20) + "\n"
+        ),
+        "meta.yaml: 2,",
+    ),
+    "300 MB sparse metric file": (
+        lambda s: _sparse(_metric_file(s), 300 << 20),
+        "loss: 314,572,800 bytes",
+    ),
+    # meta.yaml fields of the wrong type or beyond range
+    "status is a list": (_run_meta("status", "[1, 2]"), "meta.yaml: status [1, 2] is not one of"),
+    "status is unknown": (_run_meta("status", "9"), "meta.yaml: status 9 is not one of"),
+    "source_type is a list": (_run_meta("source_type", "[1]"), "meta.yaml: source_type [1]"),
+    "lifecycle_stage is a list": (
+        _run_meta("lifecycle_stage", "[active]"),
+        "meta.yaml: lifecycle_stage must be text, got a list",
+    ),
+    "user_id is a list": (_run_meta("user_id", "[1, 2]"), "meta.yaml: user_id must be text"),
+    "run_name is a mapping": (
+        _run_meta("run_name", "{a: 1}"),
+        "meta.yaml: run_name must be text, got a mapping",
+    ),
+    "run_id is a list": (_run_meta("run_id", "[x]"), "meta.yaml: run_id must be text"),
+    "artifact_uri is binary": (
+        _run_meta("artifact_uri", "!!binary aGVsbG8="),
+        "meta.yaml: artifact_uri must be text, got binary data",
+    ),
+    "start_time is .inf": (
+        _run_meta("start_time", ".inf"),
+        "meta.yaml: start_time must be a whole number, got float inf",
+    ),
+    "start_time is NaN": (_run_meta("start_time", ".nan"), "start_time must be a whole number"),
+    "start_time has 26 digits": (
+        _run_meta("start_time", "12345678901234567890123456"),
+        "meta.yaml: start_time 12345678901234567890123456 is beyond the 64-bit integer range",
+    ),
+    "start_time is binary": (
+        _run_meta("start_time", "!!binary aGVsbG8="),
+        "meta.yaml: start_time must be a whole number, got binary data",
+    ),
+    "start_time is a boolean": (_run_meta("start_time", "true"), "start_time must be a whole"),
+    "start_time is a date": (_run_meta("start_time", "2026-11-16"), "start_time must be a whole"),
+    "start_time in microseconds": (
+        _run_meta("start_time", "1794823200000000"),
+        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1 and "
+        "9999 (it looks like microseconds)",
+    ),
+    "start_time after year 9999": (
+        _run_meta("start_time", "253402300800000"),
+        "start_time 253402300800000 is not a time in epoch milliseconds",
+    ),
+    "start_time before year 1": (
+        _run_meta("start_time", "-62135596800001"),
+        "start_time -62135596800001 is not a time in epoch milliseconds",
+    ),
+    "end_time is text": (_run_meta("end_time", "soon"), "end_time must be a whole number"),
+    "experiment name is a list": (
+        _experiment_meta("name", "[a, b]"),
+        "meta.yaml: name must be text, got a list",
+    ),
+    "experiment creation_time is NaN": (
+        _experiment_meta("creation_time", ".nan"),
+        "meta.yaml: creation_time must be a whole number",
+    ),
+    "experiment_id is a mapping": (
+        _experiment_meta("experiment_id", "{a: 1}"),
+        "meta.yaml: experiment_id must be text",
+    ),
+    "dataset name is a list": (
+        lambda s: _edit_yaml(_dataset_meta(s), "name", "[a]"),
+        "meta.yaml: name must be text",
+    ),
+    "dataset input tags is a list": (
+        lambda s: _edit_yaml(_input_link(s), "tags", "[a]"),
+        "meta.yaml: tags must be a mapping",
+    ),
+    "model version creation time is text": (
+        lambda s: _edit_yaml(_model_version_meta(s), "creation_timestamp", "yesterday"),
+        "meta.yaml: creation_timestamp must be a whole number",
+    ),
+    # YAML itself
+    "alias bomb in meta.yaml": (
+        lambda s: (_run(s) / "meta.yaml").write_text((_run(s) / "meta.yaml").read_text() + BOMB),
+        "refused as an alias bomb",
+    ),
+    "recursive anchor in meta.yaml": (
+        lambda s: (_run(s) / "meta.yaml").write_text(
+            (_run(s) / "meta.yaml").read_text() + "loop: &a {x: *a}\n"
+        ),
+        "contains an alias of itself",
+    ),
+    "1,001-deep nesting": (
+        lambda s: (_run(s) / "meta.yaml").write_text(
+            (_run(s) / "meta.yaml").read_text() + "deep: " + "[" * 1001 + "]" * 1001 + "\n"
+        ),
+        "cannot read MLflow metadata",
+    ),
+    "python object tag": (
+        _run_meta("user_id", "!!python/object/apply:os.system ['true']"),
+        "cannot read MLflow metadata",
+    ),
+    "meta.yaml is a list": (
+        lambda s: (_run(s) / "meta.yaml").write_text("- a\n- b\n"),
+        "expected a YAML mapping",
+    ),
+    "meta.yaml is empty": (
+        lambda s: (_run(s) / "meta.yaml").write_text(""),
+        "expected a YAML mapping",
+    ),
+    "meta.yaml is not UTF-8": (
+        lambda s: (_run(s) / "meta.yaml").write_bytes(b"user_id: \xff\xfe\n"),
+        "meta.yaml",
+    ),
+    # metric files
+    "metric timestamp beyond int64": (
+        _append_metric_line(b"123456789012345678901234567890 1.0 3"),
+        "loss:",
+    ),
+    "metric step beyond int64": (
+        _append_metric_line(b"1794960000000 1.0 99999999999999999999"),
+        "step 99999999999999999999 is beyond the 64-bit integer range",
+    ),
+    "metric timestamp in microseconds": (
+        _append_metric_line(b"1794960000000000 1.0 3"),
+        "timestamp 1794960000000000 is not a time in epoch milliseconds",
+    ),
+    "metric value is text": (_append_metric_line(b"1794960000000 abc 3"), "value must be a number"),
+    "metric line has four fields": (
+        _append_metric_line(b"1794960000000 1.0 3 4"),
+        "expected 'timestamp value [step]'",
+    ),
+    "metric file is not UTF-8": (
+        _append_metric_line(b"1794960000000 1.0 \xff"),
+        "invalid UTF-8",
+    ),
+    # text encodings and names
+    "param value is not UTF-8": (
+        lambda s: _param(s).write_bytes(b"a\xffb"),
+        "learning_rate:1: invalid UTF-8 (byte 0xff at column 2)",
+    ),
+    "param file name is not UTF-8": (
+        lambda s: _rename_bytes(_param(s), b"learning\xffrate"),
+        "the file name is not valid UTF-8",
+    ),
+    "tag key folder name is not UTF-8": (
+        lambda s: (_run(s) / "tags" / os.fsdecode(b"team\xfe")).mkdir(),
+        "the file name is not valid UTF-8",
+    ),
+}
+
+
+# Cases a careless reader turns into a hang or a runaway read: run in their own process.
+DANGEROUS = ("link", "FIFO", "socket", " MB ", "bomb", "recursive", "nesting")
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def audit(db: Path, *args: str, bounded: bool = True) -> tuple[int, str, str]:
+    """The real command: in its own process bounded in time and memory, or (for inputs
+    that cannot hang or blow up even a broken reader) in-process, which is faster."""
+    if not bounded:
+        result = CliRunner().invoke(cli, ["--db", str(db), *args], catch_exceptions=False)
+        return result.exit_code, result.stdout, result.stderr
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "audit", "--db", str(db), *args],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=TIME_LIMIT_S,
+            preexec_fn=_limits,
+            cwd=REPO,
+            env={**os.environ, "AUDIT_LOCK_TIMEOUT": "5"},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"audit {' '.join(args)} still running after {TIME_LIMIT_S} s (a hang)")
+    return done.returncode, done.stdout, done.stderr
+
+
+def counts(db: Path) -> dict[str, int]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in TABLES}
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> Path:
+    """A warehouse that already holds data: a rejection must leave it exactly as it is."""
+    db = tmp_path_factory.mktemp("mlflow-corpus") / "seeded.duckdb"
+    code, _, err = audit(
+        db, "ingest", "slurm", str(REPO / "sample_logs/slurm/week47.sacct"), bounded=False
+    )
+    assert code == 0, err
+    return db
+
+
+def _verdict(kind: str, name: str, db: Path, before: dict, result, expected: str) -> None:
+    code, out, err = result
+    assert "Traceback" not in out + err, err
+    assert code in (0, 2), f"exit {code}: {err[-2000:]}"
+    if code == 2:
+        OUTCOMES[f"{kind}: rejected"] += 1
+        assert err.startswith("Error: ") and err.count("\n") == 1, err
+        assert expected in err, err
+        assert counts(db) == before, "a rejected source changed the warehouse"
+    else:
+        OUTCOMES[f"{kind}: accepted"] += 1
+        assert not expected, f"{name} was accepted; expected a rejection with {expected!r}"
+
+
+@pytest.mark.parametrize("name", list(FILE_STORE))
+def test_hostile_file_store(name, seeded, tmp_path):
+    mutate, expected = FILE_STORE[name]
+    store = tmp_path / "mlruns"
+    shutil.copytree(SAMPLE_STORE, store)
+    mutate(store)
+    db = tmp_path / "w.duckdb"
+    shutil.copyfile(seeded, db)
+    before = counts(db)
+    bounded = any(word in name for word in DANGEROUS)
+    result = audit(db, "ingest", "mlflow", "--tracking-uri", str(store), bounded=bounded)
+    _verdict("mlflow file store", name, db, before, result, expected)
+    assert "/etc/hostname" not in result[1] + result[2] or "symbolic link" in result[2]
