@@ -22,9 +22,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_VALUES = 100_000  # scalars, sequences and mappings after expanding every alias
 
 
-def load(
-    data: bytes | str, where: object, what: str = "YAML", max_values: int = MAX_VALUES
-) -> Any:
+def load(data: bytes | str, where: object, what: str = "YAML", max_values: int = MAX_VALUES) -> Any:
     """The document in ``data``; ``where`` (a path) prefixes every error, ``what`` names
     the content in a syntax error (``cannot read <what> (problem)``)."""
     loader = _Loader(data)
