@@ -556,3 +556,171 @@ def test_hostile_sqlite_store(name, reference_sqlite, seeded, tmp_path):
     result = audit(db, "ingest", "mlflow", "--tracking-uri", f"sqlite:///{store}", bounded=bounded)
     _verdict("mlflow sqlite store", name, db, before, result, expected)
     assert "mlflow.db" in result[2] or result[0] == 0
+
+
+# -- the tracking server ---------------------------------------------------------------------
+def _first_run(edit):
+    """Rewrite the first run of a runs/search answer with ``edit(run)``."""
+
+    def rewrite(answer: dict) -> dict:
+        runs = answer.get("runs") or []
+        if runs:
+            edited = edit(runs[0])
+            runs[0] = runs[0] if edited is None else edited
+        return answer
+
+    return rewrite
+
+
+def _set(path: tuple, value):
+    def edit(run: dict) -> None:
+        node = run
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+
+    return _first_run(edit)
+
+
+def _first_item(key: str, edit):
+    def rewrite(answer: dict) -> dict:
+        items = answer.get(key) or []
+        if items:
+            edit(items[0])
+        return answer
+
+    return rewrite
+
+
+# name -> (endpoint, rewrite of its JSON answer, text the rejection must contain)
+SERVER = {
+    "answer is a JSON list": ("experiments/search", lambda a: [a], "answered with a list"),
+    "answer is a JSON string": ("experiments/search", lambda a: "ok", "answered with str"),
+    "experiments is a mapping": (
+        "experiments/search",
+        lambda a: {"experiments": {"0": a["experiments"][0]}},
+        "experiments must be a list of mappings",
+    ),
+    "experiment_id is a list": (
+        "experiments/search",
+        _first_item("experiments", lambda e: e.update(experiment_id=[1])),
+        "experiment_id must be text, got a list",
+    ),
+    "experiment creation_time is text": (
+        "experiments/search",
+        _first_item("experiments", lambda e: e.update(creation_time="then")),
+        "creation_time must be a whole number",
+    ),
+    "next_page_token is a list": (
+        "experiments/search",
+        lambda a: {**a, "next_page_token": ["x"]},
+        "next_page_token a list, not text",
+    ),
+    "runs is a mapping": ("runs/search", lambda a: {"runs": {"a": 1}}, "runs must be a list"),
+    "run info is a list": ("runs/search", _set(("info",), [1]), "run info must be a mapping"),
+    "run data is a list": ("runs/search", _set(("data",), [1]), "run data must be a mapping"),
+    "run without info": ("runs/search", _first_run(lambda r: r.pop("info")), "a run without"),
+    "run_id is a mapping": (
+        "runs/search",
+        _set(("info", "run_id"), {"a": 1}),
+        "run_id must be text, got a mapping",
+    ),
+    "tag without key": (
+        "runs/search",
+        _first_run(lambda r: r["data"]["tags"].append({"value": "x"})),
+        "an entry of tags has no key",
+    ),
+    "tags is a string": ("runs/search", _set(("data", "tags"), "team=a"), "tags must be a list"),
+    "param value is a mapping": (
+        "runs/search",
+        _first_run(lambda r: r["data"]["params"].append({"key": "k", "value": {"a": 1}})),
+        "param value must be text, got a mapping",
+    ),
+    "status is a list": (
+        "runs/search",
+        _set(("info", "status"), ["FINISHED"]),
+        "status must be text",
+    ),
+    "start_time in microseconds": (
+        "runs/search",
+        _set(("info", "start_time"), 1794823200000000),
+        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1 and "
+        "9999 (it looks like microseconds)",
+    ),
+    "start_time is 1e30": (
+        "runs/search",
+        _set(("info", "start_time"), 1e30),
+        "start_time 1000000000000000019884624838656 is beyond the 64-bit integer range",
+    ),
+    "end_time is text": ("runs/search", _set(("info", "end_time"), "soon"), "end_time must be"),
+    "latest metric step beyond int64": (
+        "runs/search",
+        _first_run(lambda r: r["data"]["metrics"][0].update(step=2**64)),
+        "step 18446744073709551616 is beyond the 64-bit integer range",
+    ),
+    "latest metric value is a list": (
+        "runs/search",
+        _first_run(lambda r: r["data"]["metrics"][0].update(value=[1])),
+        "value must be a number",
+    ),
+    "dataset inputs is a string": (
+        "runs/search",
+        _set(("inputs",), "none"),
+        "inputs must be a mapping",
+    ),
+    "history metrics is a mapping": (
+        "metrics/get-history",
+        lambda a: {"metrics": {"0": 1}},
+        "metrics must be a list of mappings",
+    ),
+    "history timestamp is text": (
+        "metrics/get-history",
+        _first_item("metrics", lambda m: m.update(timestamp="now")),
+        "timestamp must be a whole number",
+    ),
+    "history timestamp beyond year 9999": (
+        "metrics/get-history",
+        _first_item("metrics", lambda m: m.update(timestamp=10**17)),
+        "timestamp 100000000000000000 is not a time in epoch milliseconds",
+    ),
+    "model versions is a string": (
+        "model-versions/search",
+        lambda a: {"model_versions": "none"},
+        "model_versions must be a list",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SERVER))
+def test_malformed_server_answer(name, server, seeded, tmp_path):
+    from tests.test_faulty_server import FaultProxy
+
+    endpoint, rewrite, expected = SERVER[name]
+    config = tmp_path / "audit.toml"
+    config.write_text("[mlflow]\nhttp_max_retries = 0\nhttp_timeout_seconds = 10\n")
+    db = tmp_path / "w.duckdb"
+    shutil.copyfile(seeded, db)
+    before = counts(db)
+    fault = lambda n, path, body: ("rewrite", rewrite) if endpoint in path else None  # noqa: E731
+    with FaultProxy(server["url"], fault) as proxy:
+        result = audit(
+            db,
+            "--config",
+            str(config),
+            "ingest",
+            "mlflow",
+            "--tracking-uri",
+            proxy.url,
+            bounded=False,
+        )
+    _verdict("mlflow tracking server", name, db, before, result, expected)
+    assert endpoint in result[2]
+
+
+def test_write_tally():
+    """Runs after the corpus (file order): the figures for the closing note."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    lines = [f"{k}: {v}" for k, v in sorted(OUTCOMES.items())]
+    (ARTIFACTS / "bad-mlflow-inputs.txt").write_text(
+        f"cases: {sum(OUTCOMES.values())}\n" + "\n".join(lines) + "\n"
+    )

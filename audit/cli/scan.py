@@ -11,6 +11,7 @@ from audit.cli import AppContext, cli, pass_app
 from audit.cli.output import safe, table
 from audit.engine import Severity, all_rules, get_rule, scan, select_rules
 from audit.summary import summarise
+from audit.text import markdown_text
 
 DATE = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
 SEVERITIES = [s.label for s in Severity]
@@ -137,13 +138,9 @@ def render_markdown(result, summary, top: int = 20) -> str:
     out += ["", "| severity | rule | subject | waste | finding |", "|---|---|---|--:|---|"]
     for f in result.active[:top]:
         out.append(
-            f"| {f.severity.label} | {f.rule} | {_md(_subject(f.subject))} | ${f.usd:,.2f} | {_md(f.message)} |"
+            f"| {f.severity.label} | {f.rule} | {markdown_text(_subject(f.subject))} | ${f.usd:,.2f} | {markdown_text(f.message)} |"
         )
     return "\n".join(out) + "\n"
-
-
-def _md(text: str) -> str:
-    return safe(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _subject(subject: dict) -> str:

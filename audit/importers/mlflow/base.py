@@ -103,16 +103,6 @@ class MlflowReader(Protocol):
     def close(self) -> None: ...
 
 
-def to_int(value) -> int | None:
-    """MLflow writes epoch milliseconds as numbers or strings; anything else is unknown."""
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def stable_hash(*parts: object) -> str:
     digest = hashlib.sha1()
     for part in parts:

@@ -32,7 +32,8 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _kind(value: object) -> str:
+def describe(value: object) -> str:
+    """What a value is, for a message: 'a list', 'binary data', 'float'."""
     if isinstance(value, bytes | bytearray):
         return "binary data"
     if isinstance(value, dict):
@@ -50,7 +51,7 @@ def text(value: object, where: object, field: str) -> str | None:
         return value
     if isinstance(value, bool | int | float):
         return str(value)
-    raise InputError(f"{where}: {field} must be text, got {_kind(value)} {_show(value)}")
+    raise InputError(f"{where}: {field} must be text, got {describe(value)} {_show(value)}")
 
 
 def integer(value: object, where: object, field: str) -> int | None:
@@ -71,7 +72,7 @@ def integer(value: object, where: object, field: str) -> int | None:
             number = None
     if number is None:
         raise InputError(
-            f"{where}: {field} must be a whole number, got {_kind(value)} {_show(value)}"
+            f"{where}: {field} must be a whole number, got {describe(value)} {_show(value)}"
         )
     if not INT64_MIN <= number <= INT64_MAX:
         raise InputError(f"{where}: {field} {number} is beyond the 64-bit integer range")
@@ -111,7 +112,7 @@ def number(value: object, where: object, field: str) -> float:
             return float(value)
         except ValueError:
             pass
-    raise InputError(f"{where}: {field} must be a number, got {_kind(value)} {_show(value)}")
+    raise InputError(f"{where}: {field} must be a number, got {describe(value)} {_show(value)}")
 
 
 def enum(value: object, by_number: dict[int, str], where: object, field: str) -> str | None:
@@ -132,7 +133,9 @@ def mapping(value: object, where: object, field: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InputError(f"{where}: {field} must be a mapping, got {_kind(value)} {_show(value)}")
+        raise InputError(
+            f"{where}: {field} must be a mapping, got {describe(value)} {_show(value)}"
+        )
     return value
 
 
@@ -142,7 +145,7 @@ def items(value: object, where: object, field: str) -> list[dict]:
         return []
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise InputError(
-            f"{where}: {field} must be a list of mappings, got {_kind(value)} {_show(value)}"
+            f"{where}: {field} must be a list of mappings, got {describe(value)} {_show(value)}"
         )
     return value
 
