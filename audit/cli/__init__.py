@@ -12,6 +12,7 @@ import duckdb
 from audit import __version__, interrupts
 from audit.config import DEFAULT_CONFIG_NAME, Config, load_config
 from audit.errors import AuditError
+from audit.text import terminal_safe
 from audit.warehouse import Warehouse, open_warehouse
 
 EXIT_INTERNAL = 3
@@ -42,8 +43,9 @@ class AuditGroup(click.Group):
         except AuditError as exc:
             if interrupts.requested():  # an importer's wrapping of the interrupted library
                 _interrupted(ctx)
-            # One line, whatever the wrapped library put in its message.
-            error = click.ClickException(" ".join(str(exc).split()))
+            # One line, whatever the wrapped library put in its message; names and values
+            # quoted from the input are shown with their control characters escaped.
+            error = click.ClickException(terminal_safe(" ".join(str(exc).split())))
             error.exit_code = exc.exit_code
             raise error from None
         except (KeyboardInterrupt, duckdb.InterruptException):

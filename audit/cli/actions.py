@@ -9,7 +9,8 @@ import click
 
 from audit import interrupts
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import table
+from audit.cli.output import safe, table
+from audit.errors import AuditError
 
 
 @cli.command("gate")
@@ -99,7 +100,10 @@ def gate_command(
         f"(tolerance {result.tolerance:g})"
     )
     if tag:
-        tag_verdict(result, app.db_path, tracking_uri, app.config)
+        try:
+            tag_verdict(result, app.db_path, tracking_uri, app.config)
+        except AuditError as exc:  # the verdict stands; only writing it back failed
+            click.echo(f"audit: warning: the verdict was not tagged: {safe(str(exc))}", err=True)
     raise SystemExit(result.exit_code)
 
 

@@ -2,7 +2,9 @@
 
 For a tracking server: ``runs/get`` plus the run's metric histories, written in one
 transaction (a RUNNING run included). For SQL and file stores: an incremental import of
-the source, which rewrites only what changed.
+the source, which rewrites only what changed. A tracking URI given by the caller wins
+over the source the run was imported from (a run imported from a copy of a store is
+refreshed from the live server named).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def tracking_reader(
 
 def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | None) -> None:
     known = _known_source(wh, run_id)
-    if known and known[0] != "http":
+    if not tracking_uri and known and known[0] != "http":
         import_mlflow(wh, known[1], config=config)  # store locations are paths or URIs already
         return
     uri = tracking_uri or (known[1] if known else None)
