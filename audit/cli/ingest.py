@@ -50,7 +50,7 @@ def ingest_mlflow(app: AppContext, tracking_uri: str, experiments: tuple[str, ..
     from audit.importers.mlflow import import_mlflow
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_mlflow(
             wh,
             tracking_uri,
@@ -119,7 +119,7 @@ def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -
     if not delimiter:
         raise click.UsageError("--delimiter must not be empty")
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_slurm(
             wh, _paths(files), config, _fields(fields), delimiter, skip_bad, cluster
         )
@@ -160,7 +160,7 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     from audit.importers.cluster import import_gpu
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_gpu(wh, _paths(files), config, host, _fields(fields), skip_bad, at)
     _report_skipped(summary)
     click.echo(summary.line())
@@ -183,6 +183,6 @@ def ingest_checkpoints(app: AppContext, roots) -> None:
     from audit.importers.cluster import import_checkpoints
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_checkpoints(wh, _paths(roots), config)
     click.echo(summary.line())

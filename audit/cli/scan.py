@@ -160,10 +160,10 @@ def _subject(subject: dict) -> str:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "json", "md"]),
+    type=click.Choice(["table", "json", "md", "html"]),
     default="table",
     show_default=True,
-    help="Output format.",
+    help="Output format (html: the scan as one self-contained report file, needs --output).",
 )
 @click.option(
     "--output",
@@ -186,6 +186,7 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
       audit scan
       audit scan --select OVP,IDL --since 2026-11-16 --until 2026-11-23 --format json --output scan.json
       audit scan --fail-on high
+      audit scan --format html --output scan.html
     """
     if since and until and since >= until:
         raise click.UsageError("--since must be before --until")

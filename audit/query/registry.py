@@ -316,12 +316,10 @@ class Registry:
         if len(run_ids) < 2:
             raise InputError("compare needs at least two run ids")
         with self._open() as wh:
+            run_ids = [_full_run_id(wh, r) for r in run_ids]
             runs = wh.frame(
                 "SELECT run_id, name FROM runs WHERE run_id IN (SELECT unnest(?))", [run_ids]
             )
-            missing = [r for r in run_ids if r not in set(runs["run_id"])]
-            if missing:
-                raise InputError(f"no run {missing[0]!r} in the warehouse")
             label = dict(zip(runs["run_id"], runs["name"], strict=True))
             columns = [f"{label[r] or r} ({r[:8]})" for r in run_ids]
             params = wh.frame(
@@ -441,6 +439,38 @@ class Registry:
                     f"COPY (SELECT * FROM {table}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY ({partition}))"
                 )
         return counts
+
+
+MIN_RUN_ID_PREFIX = 4
+
+
+def _full_run_id(wh, given: str) -> str:
+    """The run id ``given`` names: itself, or the one run id it is a prefix of (as git
+    resolves abbreviated commits); none or several is an error that says so."""
+    if wh.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [given]):
+        return given
+    matches = []
+    if len(given) >= MIN_RUN_ID_PREFIX:
+        matches = [
+            r[0]
+            for r in wh.con.execute(
+                "SELECT DISTINCT run_id FROM runs WHERE starts_with(run_id, ?) ORDER BY 1 LIMIT 6",
+                [given],
+            ).fetchall()
+        ]
+    if not matches:
+        shortest = (
+            f" (a prefix needs at least {MIN_RUN_ID_PREFIX} characters)"
+            if len(given) < MIN_RUN_ID_PREFIX
+            else ""
+        )
+        raise InputError(f"no run {given!r} in the warehouse{shortest}")
+    if len(matches) > 1:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise InputError(
+            f"run id prefix {given!r} is ambiguous: it starts {shown}; give more characters"
+        )
+    return matches[0]
 
 
 class _Borrowed:

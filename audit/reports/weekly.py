@@ -31,7 +31,12 @@ class Window:
     until: datetime
 
     def previous(self, tz: ZoneInfo) -> Window:
-        start_local = self.since.replace(tzinfo=UTC).astimezone(tz).date() - timedelta(days=7)
+        try:
+            start_local = self.since.replace(tzinfo=UTC).astimezone(tz).date() - timedelta(days=7)
+        except OverflowError:
+            raise InputError(
+                f"{self.label} has no previous week to compare with (it starts in year 1)"
+            ) from None
         return week_window(start_local.isocalendar().year, start_local.isocalendar().week, tz)
 
 
@@ -53,11 +58,14 @@ def week_window(year: int, week: int, tz: ZoneInfo) -> Window:
     except ValueError:
         raise InputError(f"{year}-W{week:02d} is not an ISO week") from None
     start = datetime.combine(monday, datetime.min.time(), tzinfo=tz)
-    return Window(
-        label=f"{year}-W{week:02d}",
-        since=start.astimezone(UTC).replace(tzinfo=None),
-        until=(start + timedelta(days=7)).astimezone(UTC).replace(tzinfo=None),
-    )
+    try:
+        return Window(
+            label=f"{year}-W{week:02d}",
+            since=start.astimezone(UTC).replace(tzinfo=None),
+            until=(start + timedelta(days=7)).astimezone(UTC).replace(tzinfo=None),
+        )
+    except OverflowError:  # the week ends (or starts, in UTC) beyond the years 1-9999
+        raise InputError(f"{year}-W{week:02d} reaches beyond the years 1 to 9999") from None
 
 
 def parse_week(text: str, tz: ZoneInfo) -> Window:
@@ -227,6 +235,16 @@ def _coverage(wh, window: Window) -> dict:
     }
 
 
+def _inside(moment: datetime | None, window: Window) -> bool:
+    """In the window; a run without a start time is in none, an open bound (a scan of all
+    history) holds everything."""
+    return (
+        moment is not None
+        and (window.since is None or moment >= window.since)
+        and (window.until is None or moment < window.until)
+    )
+
+
 def _methods(wh, config: Config, window: Window, summary: dict, shared: dict) -> dict:
     """Per training method: spend, waste, and each run's general change against its target gain."""
     from audit.rules._common import run_facts
@@ -239,7 +257,7 @@ def _methods(wh, config: Config, window: Window, summary: dict, shared: dict) ->
         until=window.until,
         shared=shared,
     )
-    facts = [f for f in run_facts(ctx) if window.since <= f["start_time"] < window.until]
+    facts = [f for f in run_facts(ctx) if _inside(f["start_time"], window)]
     baseline_tag = config.values["attribution"]["baseline_tag"]
     baselines = {}
     for row in ctx.rows(
