@@ -52,6 +52,12 @@ PAYLOADS = [
     "bell\x07and\x08backspace",
     r"$\frac{$ broken mathtext",  # matplotlib would parse $...$ in chart labels as TeX
     r"$\undefinedmacro{x}$",
+    # Markdown for chat and e-mail: an image loads when the message is shown
+    "![pixel](http:\\\\127.0.0.1:9\\pixel.png)",
+    "[click here](http:\\\\127.0.0.1:9\\phish)",
+    "[ref]: http:\\\\127.0.0.1:9\\ref",
+    "<http:\\\\127.0.0.1:9\\autolink>",
+    "**bold** `code` ~~gone~~ _em_",
 ]
 
 
@@ -84,8 +90,9 @@ def hostile(tmp_path_factory):
         meta = yaml.safe_load(meta_path.read_text())
         meta["name"] = f"{payload} #{i}"
         meta_path.write_text(yaml.safe_dump(meta))
-        # a node list's own syntax ('[', ']', ',') cannot be part of a host name
-        host = re.sub(r"[/\x00\[\],]", "_", f"h{i}-{payload}")
+        # a node list's own syntax ('[', ']', ',') cannot be part of a host name, nor glob
+        # characters of the telemetry file named after it (polars reads '*' as a glob)
+        host = re.sub(r"[/\x00\[\],*?]", "_", f"h{i}-{payload}")
         job_id = str(8_000_000 + i)
         start = T0_MS + i * 3 * 3_600_000
         folder = scratch / f"{i}-{payload}"
@@ -276,3 +283,27 @@ def test_no_script_runs_and_no_request_leaves_the_page(hostile, tmp_path):
     (ARTIFACTS / "hostile-payloads.txt").write_text(
         f"payloads: {len(PAYLOADS)}; script executions: 0; requests beyond the file: 0\n"
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("scan", "--format", "md"), ("report", "weekly", "--week", "2026-W47", "--format", "md")],
+    ids=" ".join,
+)
+def test_markdown_output_has_no_markup_from_the_data(hostile, args):
+    """Parsed by a CommonMark parser (with tables), as a chat or mail client would: no
+    image, no link, no raw HTML, no code span comes from a run name or message."""
+    from markdown_it import MarkdownIt
+
+    code, out = cli_output(hostile["db"], *args)
+    assert code in (0, 1), out
+    assert "![pixel]" not in out.replace("\\", "")  # the payload is there, escaped
+    tokens = MarkdownIt("commonmark").enable("table").parse(out)
+    found = []
+    for token in tokens:
+        for child in [token, *(token.children or [])]:
+            if child.type in ("image", "link_open", "html_inline", "html_block", "code_inline"):
+                found.append((child.type, child.content or child.attrs))
+    assert found == []
+    rows = [t for t in tokens if t.type == "tr_open"]
+    assert rows, "the findings table is a table"
