@@ -142,7 +142,8 @@ def _general(wh, run_id: str, globs: list[str]) -> dict[str, float]:
         "WHERE m.run_id = ? ORDER BY s.last_imported_at, m.source_id",
         [run_id],
     ).fetchall()
-    return {k: v for k, v in rows if any(fnmatchcase(k, g) for g in globs) and not math.isnan(v)}
+    # NaN or an infinity is no score: inf - inf would fail every gate
+    return {k: v for k, v in rows if any(fnmatchcase(k, g) for g in globs) and math.isfinite(v)}
 
 
 def tag_verdict(

@@ -74,7 +74,7 @@ def gate_command(
             app.config,
         )
     except CannotJudge as exc:
-        click.echo(f"cannot judge: {exc}", err=True)
+        click.echo(f"cannot judge: {safe(str(exc))}", err=True)
         raise SystemExit(2) from None
     click.echo(
         table(
@@ -96,8 +96,10 @@ def gate_command(
     worst = result.worst
     verdict = "pass" if result.passed else "FAIL"
     click.echo(
-        f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} against baseline {result.baseline_id} "
-        f"(tolerance {result.tolerance:g})"
+        safe(
+            f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} against baseline "
+            f"{result.baseline_id} (tolerance {result.tolerance:g})"
+        )
     )
     if tag:
         try:
@@ -148,7 +150,7 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
         summary = apply_plan(apply_path, app.db_path, manifest)
         for outcome in summary["outcomes"]:
             if outcome["status"] == "skipped":
-                click.echo(f"skipped {outcome['path']}: {outcome['reason']}", err=True)
+                click.echo(f"skipped {safe(outcome['path'])}: {safe(outcome['reason'])}", err=True)
         click.echo(
             f"deleted {summary['deleted']} entries ({summary['freed_bytes'] / 1e9:,.1f} GB freed), "
             f"skipped {summary['skipped']}; manifest {manifest}"
@@ -166,11 +168,11 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
     plan = make_plan(app.db_path, app.config)
     for entry in plan["entries"]:
         click.echo(
-            f"{'would delete' if not plan_path else 'planned'} {entry['path']} "
+            f"{'would delete' if not plan_path else 'planned'} {safe(entry['path'])} "
             f"({entry['bytes'] / 1e9:,.1f} GB, {entry['rule']})"
         )
     for refused in plan["refused"]:
-        click.echo(f"not planned {refused['path']}: {refused['reason']}", err=True)
+        click.echo(f"not planned {safe(refused['path'])}: {safe(refused['reason'])}", err=True)
     if plan_path:
         plan_path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
         click.echo(

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from audit.cli import AppContext, cli, pass_app
+from audit.cli.output import safe
 from audit.progress import ProgressReporter
 
 
@@ -58,7 +59,7 @@ def ingest_mlflow(app: AppContext, tracking_uri: str, experiments: tuple[str, ..
             config=config,
             progress=ProgressReporter("importing runs"),
         )
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 def _paths(values: tuple[str, ...]) -> list[Path]:
@@ -71,7 +72,7 @@ def _fields(value: str | None) -> list[str] | None:
 
 def _report_skipped(summary) -> None:
     for message in summary.skipped[:20]:
-        click.echo(f"skipped: {message}", err=True)
+        click.echo(f"skipped: {safe(message)}", err=True)
     if len(summary.skipped) > 20:
         click.echo(f"skipped: ... {len(summary.skipped) - 20} more bad lines", err=True)
 
@@ -124,7 +125,7 @@ def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -
             wh, _paths(files), config, _fields(fields), delimiter, skip_bad, cluster
         )
     _report_skipped(summary)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 @ingest.command("gpu")
@@ -163,7 +164,7 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     with app.warehouse(create=True) as wh:
         summary = import_gpu(wh, _paths(files), config, host, _fields(fields), skip_bad, at)
     _report_skipped(summary)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 @ingest.command("checkpoints")
@@ -185,4 +186,4 @@ def ingest_checkpoints(app: AppContext, roots) -> None:
     config = app.config
     with app.warehouse(create=True) as wh:
         summary = import_checkpoints(wh, _paths(roots), config)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
