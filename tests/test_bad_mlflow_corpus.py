@@ -717,6 +717,73 @@ def test_malformed_server_answer(name, server, seeded, tmp_path):
     assert endpoint in result[2]
 
 
+# -- a training config for `runs similar --config` --------------------------------------------
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _link_to_dev_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+# name -> (file name, how to make it, text the rejection must contain)
+TRAINING_CONFIGS = {
+    "alias bomb": ("train.yaml", lambda p: p.write_text(BOMB), "refused as an alias bomb"),
+    "recursive anchor": (
+        "train.yaml",
+        lambda p: p.write_text("a: &a {x: *a}\n"),
+        "contains an alias of itself",
+    ),
+    "YAML nested 1,001 deep": (
+        "train.yaml",
+        lambda p: p.write_text("a: " + "[" * 1001 + "]" * 1001 + "\n"),
+        "cannot read a training config as YAML",
+    ),
+    "YAML mappings nested 150 deep": (
+        "train.yaml",
+        lambda p: p.write_text(
+            "".join("  " * i + f"k{i}:\n" for i in range(150)) + "  " * 150 + "v: 1\n"
+        ),
+        "nested more than 100 levels deep",
+    ),
+    "JSON nested 100,000 deep": (
+        "train.json",
+        lambda p: p.write_text('{"a": ' * 100_000 + "1" + "}" * 100_000),
+        "nested more than 100 levels deep",
+    ),
+    "TOML nested 100,000 deep": (
+        "train.toml",
+        lambda p: p.write_text("a = " + "{b = " * 100_000 + "1" + "}" * 100_000 + "\n"),
+        "nested more than 100 levels deep",
+    ),
+    "not UTF-8": (
+        "train.yaml",
+        lambda p: p.write_bytes(b"lr: \xff\n"),
+        "train.yaml:1: invalid UTF-8",
+    ),
+    "a FIFO": ("train.yaml", _fifo, "train.yaml: is a FIFO"),
+    "a link to /dev/zero": ("train.yaml", _link_to_dev_zero, "is a character device"),
+    "20 MB": ("train.yaml", lambda p: _sparse_new(p, 20 << 20), "20,971,520 bytes, more than"),
+}
+
+
+def _sparse_new(path: Path, size: int) -> None:
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+
+
+@pytest.mark.parametrize("name", list(TRAINING_CONFIGS))
+def test_hostile_training_config(name, seeded, tmp_path):
+    file_name, make, expected = TRAINING_CONFIGS[name]
+    path = tmp_path / file_name
+    make(path)
+    db = tmp_path / "w.duckdb"
+    shutil.copyfile(seeded, db)
+    before = counts(db)
+    result = audit(db, "runs", "similar", "--config", str(path))
+    _verdict("runs similar --config", name, db, before, result, expected)
+
+
 def test_write_tally():
     """Runs after the corpus (file order): the figures for the closing note."""
     ARTIFACTS.mkdir(exist_ok=True)

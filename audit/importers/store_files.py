@@ -135,6 +135,20 @@ class StoreFolder:
         return fd
 
 
+def read_named_file(path: Path, limit: int, what: str) -> bytes:
+    """A file the user named (a link to one is fine: they chose it), read the same careful
+    way: a regular file, opened without blocking, at most ``limit`` bytes."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{path}: is a {_describe(mode)}, not a regular file; pass {what}")
+    return StoreFolder(path.parent).read(path, limit, what)
+
+
 def _entry(folder: Path, item: os.DirEntry) -> Entry:
     try:
         item.name.encode("utf-8")

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
-import yaml
 
 from audit.config import Config, load_config
-from audit.errors import InputError
+from audit.errors import InputError, utf8_problem
 from audit.importers.mlflow.normalise import normalise_value
 from audit.query.filter import compile_filter, compile_order
 from audit.warehouse import open_warehouse
@@ -529,29 +528,53 @@ def _default_columns(keys: list[tuple[str, str]], order_by: list[str]) -> list[s
     return out
 
 
+MAX_CONFIG_BYTES = 16 << 20
+MAX_CONFIG_DEPTH = 100
+
+
 def read_config_file(path: Path) -> dict:
-    """A training config in YAML, JSON or TOML (by extension; content sniffed otherwise)."""
+    """A training config in YAML, JSON or TOML (by extension; content sniffed otherwise).
+
+    Read as any file from elsewhere: a regular file of bounded size (a FIFO or /dev/zero
+    is refused), YAML without alias bombs, nesting no deeper than 100 levels.
+    """
+    from audit import bounded_yaml
+    from audit.importers.store_files import read_named_file
+
+    data = read_named_file(path.resolve(), MAX_CONFIG_BYTES, "a training config")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(utf8_problem(path, data, exc)) from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".json":
-            data = json.loads(text)
+            settings = json.loads(text)
         elif suffix == ".toml":
-            data = tomllib.loads(text)
+            settings = tomllib.loads(text)
         else:
-            data = yaml.safe_load(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+            settings = bounded_yaml.load(text, path, "a training config as YAML")
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InputError(
-            f"{path}: cannot parse as {suffix.lstrip('.') or 'YAML'}: {' '.join(str(exc).split())}"
+            f"{path}: cannot parse as {suffix.lstrip('.')}: {' '.join(str(exc).split())}"
         ) from None
-    if not isinstance(data, dict):
+    except RecursionError:
+        raise InputError(f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep") from None
+    if not isinstance(settings, dict):
         raise InputError(f"{path}: expected a mapping of settings at the top level")
-    return data
+    if _depth(settings) > MAX_CONFIG_DEPTH:
+        raise InputError(f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep")
+    return settings
+
+
+def _depth(settings: dict) -> int:
+    deepest, pending = 0, [(settings, 1)]
+    while pending:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_CONFIG_DEPTH:
+            pending.extend((v, depth + 1) for v in node.values() if isinstance(v, dict))
+    return deepest
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, str]:
