@@ -409,6 +409,7 @@ def _verdict(kind: str, name: str, db: Path, before: dict, result, expected) -> 
     assert "Traceback" not in out + err, err
     assert code in (0, 2), f"exit {code}: {err[-2000:]}"
     if code == 2:
+        assert expected, f"{name} is usable and must import: {err}"
         OUTCOMES[f"{kind}: rejected"] += 1
         assert err.startswith("Error: ") and err.count("\n") == 1, err
         for part in (expected,) if isinstance(expected, str) else expected:
