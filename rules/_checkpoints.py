@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audit.engine import RuleContext
+from audit.rule_api import RuleContext
 
 
 def checkpoint_rows(ctx: RuleContext) -> list[dict]:
@@ -11,7 +11,6 @@ def checkpoint_rows(ctx: RuleContext) -> list[dict]:
         """
         SELECT c.*, l.source_id, l.run_id, l.method AS link_method, r.name AS run_name,
                r.lifecycle_stage, r.user_id,
-               (SELECT value FROM tags t WHERE t.source_id = l.source_id AND t.run_id = l.run_id AND t.key = ?) AS team,
                EXISTS (SELECT 1 FROM model_versions m
                        WHERE m.source IS NOT NULL AND (m.source = c.path OR starts_with(regexp_replace(m.source, '^file://', ''), c.path || '/')
                              OR regexp_replace(m.source, '^file://', '') = c.path)) AS registered
@@ -19,8 +18,7 @@ def checkpoint_rows(ctx: RuleContext) -> list[dict]:
         LEFT JOIN checkpoint_runs l ON l.path = c.path
         LEFT JOIN runs r ON r.source_id = l.source_id AND r.run_id = l.run_id
         ORDER BY c.path
-        """,
-        [ctx.config.values["attribution"]["team_tag"]],
+        """
     )
     last: dict[str, tuple] = {}
     for row in rows:
@@ -29,6 +27,12 @@ def checkpoint_rows(ctx: RuleContext) -> list[dict]:
         if group not in last or order > last[group][0]:
             last[group] = (order, row["path"])
     for row in rows:
+        run = ctx.facts.run(row["source_id"], row["run_id"]) if row["run_id"] else None
+        row["team"] = run.team if run else None
+        row["method"] = run.method if run else None
+        # storage waste belongs to the time the files existed: from their modification time
+        # (the newest file in them) to the last inventory that saw them
+        row["existed"] = ctx.window.overlaps(row["mtime"], row["imported_at"])
         group = row["run_id"] or row["run_dir"]
         reasons = []
         if row["is_best"]:

@@ -15,7 +15,8 @@ import duckdb
 import requests
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "realdata"
+# The real files sit beside the main checkout; a worktree elsewhere points AUDIT_REALDATA there.
+SHARED = Path(os.environ.get("AUDIT_REALDATA", REPO.parent / "shared" / "realdata"))
 
 
 def free_port() -> int:

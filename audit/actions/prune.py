@@ -21,9 +21,11 @@ from pathlib import Path
 
 from audit import interrupts
 from audit.config import Config
-from audit.engine import run_rules, select_rules
 from audit.errors import InputError
+from audit.rule_registry import select_rules
+from audit.scans import run_rules
 from audit.warehouse import open_warehouse
+from audit.windows import ALL_HISTORY
 
 PLAN_VERSION = 1
 
@@ -77,7 +79,7 @@ def inside(path: Path, root: Path) -> bool:
 
 def make_plan(db: Path, config: Config) -> dict:
     with open_warehouse(db, read_only=True) as wh:
-        results = run_rules(wh.con, config, select_rules("CKP", None))
+        results = run_rules(wh.con, config, select_rules("CKP", None), ALL_HISTORY)
         roots = {r[0] for r in wh.con.execute("SELECT DISTINCT root FROM checkpoints").fetchall()}
         runs = dict(wh.con.execute("SELECT path, run_id FROM checkpoint_runs").fetchall())
     skipped = [f"{r.rule}: {r.reason}" for r in results if r.status != "ok"]

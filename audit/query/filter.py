@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from audit.errors import InputError
-from audit.importers.mlflow.normalise import normalise_value, normalised_params
+from audit.importers.params import normalise_value, normalised_params
 
 ENTITY_ALIASES = {
     "params": "params",

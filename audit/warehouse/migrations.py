@@ -249,6 +249,39 @@ CREATE TABLE prune_log (
 );
 """
 
+V5 = """
+-- a finding whose GPU count is unknown keeps gpu_hours and usd NULL and says how long the
+-- runs ran instead; cost_basis names the evidence a figure stands on
+ALTER TABLE findings ADD COLUMN run_hours DOUBLE;
+ALTER TABLE findings ADD COLUMN cost_basis VARCHAR;
+"""
+
+
+V6 = """
+ALTER TABLE jobs ADD COLUMN eligible_time TIMESTAMP;    -- UTC; queue wait = start - eligible
+ALTER TABLE jobs ADD COLUMN ave_gpu_util_pct DOUBLE;    -- max over steps of TRESUsageInAve gres/gpuutil
+ALTER TABLE jobs ADD COLUMN ave_gpu_mem_bytes BIGINT;   -- max over steps of TRESUsageInAve gres/gpumem
+ALTER TABLE jobs ADD COLUMN admin_comment VARCHAR;      -- AdminComment as written (jobstats: JS1:...)
+"""
+
+
+V7 = """
+-- GPU samples logged by a run itself (W&B system metrics, MLflow system/gpu_* metrics):
+-- the run they belong to. NULL for host telemetry (nvidia-smi, DCGM, Prometheus).
+ALTER TABLE gpu_samples ADD COLUMN source_id VARCHAR;
+ALTER TABLE gpu_samples ADD COLUMN run_id VARCHAR;
+CREATE TABLE run_files (
+    source_id VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    path VARCHAR NOT NULL,               -- the log read: a .wandb file
+    size BIGINT NOT NULL,
+    mtime TIMESTAMP NOT NULL,
+    resume_offset BIGINT NOT NULL,       -- first byte not yet imported (a record boundary)
+    state VARCHAR NOT NULL               -- JSON: what reading on from resume_offset needs
+);
+"""
+
+
 # Times every reader can represent: Python's datetime covers the years 1 to 9999, DuckDB's
 # TIMESTAMP far more. Importers before this version stored what sources said (a start time
 # in microseconds became year 58845), after which every reader of that row failed. Such
@@ -265,7 +298,7 @@ def _clear_out_of_range_times(table: str, columns: list[str], extra: str = "") -
     return f"UPDATE {table} SET {sets}{extra} WHERE {bad};"
 
 
-V5 = "\n".join(
+V8 = "\n".join(
     [
         _clear_out_of_range_times(
             "runs", ["start_time", "end_time", "deleted_time"], ", signature = NULL"
@@ -275,11 +308,15 @@ V5 = "\n".join(
         _clear_out_of_range_times("latest_metrics", ["ts"]),
         _clear_out_of_range_times("model_versions", ["creation_time"]),
         _clear_out_of_range_times("import_log", ["watermark"]),
-        _clear_out_of_range_times("jobs", ["submit_time", "start_time", "end_time"]),
+        _clear_out_of_range_times(
+            "jobs", ["submit_time", "start_time", "end_time", "eligible_time"]
+        ),
         _clear_out_of_range_times("checkpoints", ["mtime"]),
         _clear_out_of_range_times("findings", ["happened_at"]),
         f"DELETE FROM gpu_samples WHERE {_OUT_OF_RANGE.format(c='ts')};",  # ts is the sample
+        # a log's cursor without its time: the next import reads the log again from the start
+        f"DELETE FROM run_files WHERE {_OUT_OF_RANGE.format(c='mtime')};",
     ]
 )
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]

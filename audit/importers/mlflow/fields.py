@@ -5,26 +5,18 @@ them: ``status: [1, 2]``, ``start_time: .inf``, a 26-digit number, ``!!binary`` 
 dict where text belongs. Each accessor here takes the value, the place it came from
 (``where``: a file, or a server endpoint and run) and the field name, and returns the value
 in the reader contract's type or raises an ``InputError`` that names all three. Times are
-checked once more for every reader in ``epoch_ms_to_datetime``, where they become
-warehouse timestamps: epoch milliseconds between years 1 and 9999 (what every reader of
-the warehouse can represent), else the import is refused.
+checked once more for every tracker in ``run_store.epoch_ms_to_datetime``, where they
+become warehouse timestamps.
 """
 
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
-
-import polars as pl
 
 from audit.errors import InputError
+from audit.importers.run_store import check_epoch_ms
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-EPOCH_MS_MIN = int((datetime(1, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds() * 1000)
-EPOCH_MS_MAX = (
-    int((datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC) - _EPOCH).total_seconds()) * 1000 + 999
-)
 
 
 def _show(value: object) -> str:
@@ -87,20 +79,6 @@ def epoch_ms(value: object, where: object, field: str) -> int | None:
     return number
 
 
-def check_epoch_ms(number: int, where: object, field: str) -> None:
-    if EPOCH_MS_MIN <= number <= EPOCH_MS_MAX:
-        return
-    hint = ""
-    for unit, factor in (("microseconds", 1_000), ("nanoseconds", 1_000_000)):
-        if EPOCH_MS_MIN <= number / factor <= EPOCH_MS_MAX:
-            hint = f" (it looks like {unit})"
-            break
-    raise InputError(
-        f"{where}: {field} {number} is not a time in epoch milliseconds between years 1 and "
-        f"9999{hint}"
-    )
-
-
 def number(value: object, where: object, field: str) -> float:
     """A metric value: a number, or its text (NaN and infinities included)."""
     if isinstance(value, bool) or value is None:
@@ -156,17 +134,3 @@ def key_of(item: dict, where: object, field: str) -> str:
     if not isinstance(key, str) or not key:
         raise InputError(f"{where}: an entry of {field} has no key (got {_show(item)})")
     return key
-
-
-def epoch_ms_to_datetime(
-    frame: pl.DataFrame, columns: list[str], what: str, id_column: str, location: str
-) -> pl.DataFrame:
-    """Epoch-millisecond columns as timestamps, after checking each is between years 1
-    and 9999: the one gate every MLflow reader's times pass on the way to the warehouse."""
-    for column in columns:
-        values = pl.col(column)
-        bad = frame.filter(values.is_not_null() & ~values.is_between(EPOCH_MS_MIN, EPOCH_MS_MAX))
-        if bad.height:
-            row = bad.row(0, named=True)
-            check_epoch_ms(row[column], f"{location}: {what} {row[id_column]}", column)
-    return frame.with_columns(**{c: pl.from_epoch(pl.col(c), time_unit="ms") for c in columns})

@@ -20,16 +20,18 @@ from audit import bounded_yaml
 from audit.errors import InputError
 from audit.importers.mlflow import fields
 from audit.importers.mlflow.base import (
-    DATASET_SCHEMA,
-    EXPERIMENT_SCHEMA,
     GIT_COMMIT_TAG,
-    METRIC_SCHEMA,
     MODEL_VERSION_SCHEMA,
-    PARAM_SCHEMA,
     RUN_NAME_TAG,
-    RUN_SCHEMA,
     RUN_STATUS_BY_NUMBER,
     SOURCE_TYPE_BY_NUMBER,
+)
+from audit.importers.run_store import (
+    DATASET_SCHEMA,
+    EXPERIMENT_SCHEMA,
+    METRIC_SCHEMA,
+    PARAM_SCHEMA,
+    RUN_SCHEMA,
     TAG_SCHEMA,
     DetailBatch,
     frame,
@@ -308,7 +310,10 @@ class FileStoreReader:
 
 
 def _metric_lines(run_id: str, key: str, path: Path, text: str) -> list[tuple]:
+    """The file's points; a line repeated verbatim counts once, as MLflow's SQL stores keep
+    one row per (key, timestamp, step, value): a re-logged point is not a second point."""
     out = []
+    seen: set[tuple[str, ...]] = set()
     for number, line in enumerate(text.splitlines(), start=1):
         parts = line.split()
         if not parts:
@@ -327,5 +332,9 @@ def _metric_lines(run_id: str, key: str, path: Path, text: str) -> list[tuple]:
             raise InputError(
                 f"{exc}; expected 'timestamp value [step]' in an MLflow metric file"
             ) from None
+        point = (*parts[:2], parts[2] if len(parts) > 2 else "0")
+        if point in seen:
+            continue
+        seen.add(point)
         out.append((run_id, key, value, step, timestamp))
     return out

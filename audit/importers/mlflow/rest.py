@@ -30,13 +30,15 @@ import requests
 from audit.errors import InputError, SourceUnavailable
 from audit.importers.mlflow import fields
 from audit.importers.mlflow.base import (
+    GIT_COMMIT_TAG,
+    MODEL_VERSION_SCHEMA,
+    RUN_NAME_TAG,
+)
+from audit.importers.run_store import (
     DATASET_SCHEMA,
     EXPERIMENT_SCHEMA,
-    GIT_COMMIT_TAG,
     METRIC_SCHEMA,
-    MODEL_VERSION_SCHEMA,
     PARAM_SCHEMA,
-    RUN_NAME_TAG,
     RUN_SCHEMA,
     TAG_SCHEMA,
     DetailBatch,
