@@ -421,7 +421,7 @@ class Registry:
                     f"views: {', '.join(VIEWS)}"
                 )
             try:
-                return con.sql(query).pl()
+                return _result_frame(con.sql(query))
             except duckdb.Error as exc:
                 raise InputError(f"SQL error: {_first_line(exc)}") from None
         finally:
@@ -446,6 +446,54 @@ class Registry:
                     f"COPY (SELECT * FROM {table}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY ({partition}))"
                 )
         return counts
+
+
+# Types of a query result that polars cannot import (an interval is what subtracting two
+# times gives); such columns, also when nested, are shown as DuckDB's text: '2 days 03:00:00'.
+_SHOWN_AS_TEXT = ("INTERVAL", "UNION", "TIME WITH TIME ZONE")
+# What Python's datetime, and so every output format, can represent: years 1 to 9999, as
+# polars stores dates (days) and times (in their unit) since 1970.
+_DAYS_1_TO_9999 = (-719_162, 2_932_896)
+_SECONDS_1_TO_9999 = (-62_135_596_800, 253_402_300_799)
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _result_frame(relation) -> pl.DataFrame:
+    """A query's result as a frame every output format can show. Intervals and the other
+    types polars cannot take become text, and so do dates and times a query computed beyond
+    the years 1 to 9999 (``end_time + INTERVAL 9000 YEAR``, ``'infinity'::TIMESTAMP``)."""
+    types = [str(t) for t in relation.types]
+    as_text = {i for i, t in enumerate(types) if any(k in t for k in _SHOWN_AS_TEXT)}
+    frame = _projected(relation, as_text).pl()
+    beyond = {
+        i
+        for i, name in enumerate(frame.columns)
+        if i not in as_text and _beyond_python(frame[name])
+    }
+    return _projected(relation, as_text | beyond).pl() if beyond else frame
+
+
+def _projected(relation, as_text: set[int]):
+    if not as_text:
+        return relation
+    columns = []
+    for i, name in enumerate(relation.columns):
+        value = f"CAST(#{i + 1} AS VARCHAR)" if i in as_text else f"#{i + 1}"
+        quoted = name.replace('"', '""')
+        columns.append(f'{value} AS "{quoted}"')
+    return relation.project(", ".join(columns))
+
+
+def _beyond_python(series: pl.Series) -> bool:
+    if series.dtype == pl.Date:
+        low, high = _DAYS_1_TO_9999
+    elif isinstance(series.dtype, pl.Datetime):
+        factor = _PER_SECOND[series.dtype.time_unit]
+        low, high = (_SECONDS_1_TO_9999[0] * factor, (_SECONDS_1_TO_9999[1] + 1) * factor - 1)
+    else:
+        return False
+    raw = series.cast(pl.Int64).drop_nulls()
+    return bool(raw.len()) and (raw.min() < low or raw.max() > high)
 
 
 MIN_RUN_ID_PREFIX = 4
