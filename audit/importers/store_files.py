@@ -1,7 +1,7 @@
-"""Reading a source folder (an MLflow file store) safely: regular files only, no link
-followed anywhere below the root, every read bounded.
+"""Reading a source folder (an MLflow file store, a W&B or trainer run folder) safely:
+regular files only, no link followed anywhere below the root, every read bounded.
 
-A file store is data other people wrote. A param file that is a link to ``/etc/hostname``
+A file store or run folder is data other people wrote. A param file that is a link to ``/etc/hostname``
 would import a file of this machine as a value, a FIFO would block the import forever, a
 link to ``/dev/zero`` would read until memory runs out. So every folder below the root is
 opened relative to its parent with ``O_NOFOLLOW`` (a link anywhere on the way is refused,
@@ -149,6 +149,28 @@ def read_named_file(path: Path, limit: int, what: str) -> bytes:
     return StoreFolder(path.parent).read(path, limit, what)
 
 
+def read_found_file(path: Path, limit: int, what: str) -> bytes:
+    """A file found in a folder someone else wrote (a W&B or trainer run folder), read the
+    same careful way: not a link, a regular file opened without blocking, at most
+    ``limit`` bytes."""
+    return StoreFolder(path.parent).read(path, limit, what)
+
+
+def read_found_text(path: Path, limit: int, what: str) -> str:
+    return StoreFolder(path.parent).read_text(path, limit, what)
+
+
+def require_found_file(path: Path) -> None:
+    """Before a log found in such a folder is streamed: a regular file, not a link (a FIFO
+    would block the import, a link would read what is outside the folder)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(_not_regular(path, mode))
+
+
 def _entry(folder: Path, item: os.DirEntry) -> Entry:
     try:
         item.name.encode("utf-8")
@@ -185,7 +207,8 @@ def _describe(mode: int) -> str:
 
 
 _LINK_REFUSED = (
-    "is a symbolic link; links in a file store are not followed, so nothing outside it is read"
+    "is a symbolic link; links in a file store or run folder are not followed, so nothing "
+    "outside it is read"
 )
 
 
@@ -202,8 +225,8 @@ def _not_regular(path: Path, mode: int) -> str:
     if stat.S_ISLNK(mode):
         return f"{path}: {_LINK_REFUSED}"
     return (
-        f"{path}: is a {_describe(mode)}, not a regular file; an MLflow file store holds "
-        "only folders and regular files"
+        f"{path}: is a {_describe(mode)}, not a regular file; a file store or run folder "
+        "holds only folders and regular files"
     )
 
 
@@ -225,5 +248,5 @@ def _refusal(parent: int, name: str, exc: OSError) -> str:
 def _too_big(path: Path, size: int, limit: int, what: str) -> str:
     return (
         f"{path}: {size:,} bytes, more than the {limit:,} bytes {what} can hold; "
-        "is this really an MLflow file?"
+        "is this really such a file?"
     )
