@@ -229,6 +229,7 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "http_max_retries": ((int,), 5),
         "http_backoff_seconds": ((int, float), 0.5),
         "page_size": ((int,), 1000),
+        "max_response_mb": ((int, float), 512),  # a larger answer is refused, not buffered
     },
 }
 

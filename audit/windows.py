@@ -65,7 +65,12 @@ class Window:
     def previous_week(self, tz: ZoneInfo) -> Window:
         if self.since is None:
             raise ValueError("an open window has no previous week")
-        start_local = self.since.replace(tzinfo=UTC).astimezone(tz).date() - timedelta(days=7)
+        try:
+            start_local = self.since.replace(tzinfo=UTC).astimezone(tz).date() - timedelta(days=7)
+        except OverflowError:
+            raise InputError(
+                f"{self.describe()} has no previous week to compare with (it starts in year 1)"
+            ) from None
         year, week, _ = start_local.isocalendar()
         return week_window(year, week, tz)
 
@@ -93,11 +98,14 @@ def week_window(year: int, week: int, tz: ZoneInfo) -> Window:
     except ValueError:
         raise InputError(f"{year}-W{week:02d} is not an ISO week") from None
     start = datetime.combine(monday, datetime.min.time(), tzinfo=tz)
-    return Window(
-        since=start.astimezone(UTC).replace(tzinfo=None),
-        until=(start + timedelta(days=7)).astimezone(UTC).replace(tzinfo=None),
-        label=f"{year}-W{week:02d}",
-    )
+    try:
+        return Window(
+            since=start.astimezone(UTC).replace(tzinfo=None),
+            until=(start + timedelta(days=7)).astimezone(UTC).replace(tzinfo=None),
+            label=f"{year}-W{week:02d}",
+        )
+    except OverflowError:  # the week ends (or starts, in UTC) beyond the years 1-9999
+        raise InputError(f"{year}-W{week:02d} reaches beyond the years 1 to 9999") from None
 
 
 def parse_week(text: str, tz: ZoneInfo) -> Window:

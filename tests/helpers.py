@@ -26,8 +26,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def mlflow_server(workdir: Path):
-    """A real ``mlflow server`` (SQLite backend) on 127.0.0.1; yields (url, backend_db)."""
+def mlflow_server(workdir: Path, backend_uri: str | None = None):
+    """A real ``mlflow server`` on 127.0.0.1 (SQLite backend unless ``backend_uri``);
+    yields (url, backend_db)."""
     workdir.mkdir(parents=True, exist_ok=True)
     backend = workdir / "backend.db"
     port = free_port()
@@ -39,7 +40,7 @@ def mlflow_server(workdir: Path):
             "mlflow",
             "server",
             "--backend-store-uri",
-            f"sqlite:///{backend}",
+            backend_uri or f"sqlite:///{backend}",
             "--default-artifact-root",
             str(workdir / "artifacts"),
             "--host",

@@ -4,8 +4,10 @@ an unchanged warehouse; never a partial import."""
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import struct
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +16,7 @@ from urllib.parse import urlsplit
 import duckdb
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, audit_process
 
 TABLES = ("sources", "experiments", "runs", "params", "tags", "metrics", "import_log")
 
@@ -23,7 +25,10 @@ class FaultProxy:
     """Forwards to the tracking server; ``fault(request_number, path, body)`` picks a fault.
 
     Faults: None (forward), ("status", code), ("slow", seconds), ("reset",),
-    ("truncate",), ("dead_token",).
+    ("truncate",), ("dead_token",), ("answer", status, body) (instead of the server),
+    ("rewrite", fn) (the server's JSON answer passed through ``fn``), ("drip", seconds)
+    (the server's answer one byte at a time), ("unsized", body) (no Content-Length: the
+    body ends when the connection closes).
     """
 
     def __init__(self, upstream: str, fault):
@@ -72,9 +77,32 @@ class FaultProxy:
                         b'"message": "Invalid page token, could not base64-decode"}',
                     )
                     return
+                if kind == "answer":
+                    self._reply(fault[1], fault[2])
+                    return
+                if kind == "unsized":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(fault[1])
+                    self.close_connection = True
+                    return
                 if kind == "slow":
                     time.sleep(fault[1])
                 status, payload = proxy.forward(self.command, self.path, body, self.headers)
+                if kind == "rewrite":
+                    payload = json.dumps(fault[1](json.loads(payload))).encode()
+                if kind == "drip":
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    for i in range(len(payload)):
+                        self.wfile.write(payload[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(fault[1])
+                    return
                 if kind == "truncate":
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -251,3 +279,84 @@ def test_server_gone_for_good_is_exit_2(seeded, run_cli):
     assert code == 2
     assert "still failing after 3 attempts (ConnectionError)" in err
     assert counts(db) == before
+
+
+def _bounded_ingest(db, config, uri: str, limit_s: float = 60):
+    """The real command in its own process: a hang fails the test instead of stalling it."""
+    process = audit_process(db, "--config", str(config), "ingest", "mlflow", "--tracking-uri", uri)
+    started = time.monotonic()
+    try:
+        out, err = process.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail(f"the import was still running after {limit_s} s")
+    return process.returncode, out, err, time.monotonic() - started
+
+
+def test_a_server_sending_one_byte_at_a_time_cannot_hold_the_import(server, seeded):
+    """The socket timeout bounds each read; the deadline bounds the whole answer."""
+    db, config = seeded
+    before = counts(db)
+    drip = lambda n, p, b: ("drip", 0.3) if "experiments/search" in p else None  # noqa: E731
+    with FaultProxy(server["url"], drip) as proxy:
+        code, _out, err, seconds = _bounded_ingest(db, config, proxy.url)
+    assert code == 2, err
+    assert (
+        "experiments/search still failing after 3 attempts (no complete answer within 1 s)" in err
+    )
+    assert seconds < 30  # 3 attempts of 1 s (+1 s grace) and the backoff
+    assert counts(db) == before
+
+
+def test_a_page_token_that_comes_back_ends_the_paging(server, seeded):
+    db, config = seeded
+    before = counts(db)
+
+    first_page: list[bytes] = []
+
+    def same_token(answer):
+        first_page.append(json.dumps({**answer, "next_page_token": "page-2"}).encode())
+        return json.loads(first_page[0])
+
+    def loop(n, path, body):
+        if "runs/search" not in path:
+            return None
+        if b"page_token" in body and first_page:  # the server itself would refuse the token
+            return ("answer", 200, first_page[0])
+        return ("rewrite", same_token)
+
+    with FaultProxy(server["url"], loop) as proxy:
+        code, _out, err, _seconds = _bounded_ingest(db, config, proxy.url)
+    assert code == 2, err
+    assert "runs/search returned a page token it had returned before" in err
+    assert counts(db) == before
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["Content-Length", "no Content-Length"])
+def test_an_answer_beyond_the_size_cap_is_refused_before_it_fills_memory(
+    server, seeded, tmp_path, sized
+):
+    db, config = seeded
+    capped = tmp_path / "capped.toml"
+    capped.write_text(config.read_text() + "max_response_mb = 1\n")
+    before = counts(db)
+    huge = b'{"experiments": [], "padding": "' + b"x" * (40 << 20) + b'"}'
+    fault = ("answer", 200, huge) if sized else ("unsized", huge)
+    big = lambda n, p, b: fault if "experiments/search" in p else None  # noqa: E731
+    with FaultProxy(server["url"], big) as proxy:
+        code, _out, err, _seconds = _bounded_ingest(db, capped, proxy.url)
+    assert code == 2, err
+    assert "experiments/search answered with more than 1 MB" in err
+    assert counts(db) == before
+
+
+def test_server_text_is_shown_with_escapes_visible(server, seeded, run_cli):
+    db, config = seeded
+    message = b'{"error_code": "BAD\\u001b[2J", "message": "gone \\u001b]8;;http://evil\\u0007x\\u001b]8;;\\u0007 \\u009b31m"}'
+    bad = lambda n, p, b: ("answer", 400, message) if "experiments/search" in p else None  # noqa: E731
+    with FaultProxy(server["url"], bad) as proxy:
+        code, _out, err = ingest(run_cli, db, config, proxy.url)
+    assert code == 2, err
+    assert "\x1b" not in err and "\x07" not in err and "\x9b" not in err
+    assert "failed with HTTP 400 BAD\\x1b[2J: gone \\x1b]8;;http://evil\\x07x" in err

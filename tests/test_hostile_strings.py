@@ -23,6 +23,14 @@ ARTIFACTS = REPO / "test-artifacts"
 PINNED = {"AUDIT_NOW": "2026-11-30T08:00:00"}
 T0_MS = 1_794_787_200_000  # 2026-11-16T00:00:00Z
 
+# Markdown for chat and e-mail: an image loads when the message is shown
+MARKDOWN_PAYLOADS = [
+    "![pixel](http:\\\\127.0.0.1:9\\pixel.png)",
+    "[click here](http:\\\\127.0.0.1:9\\phish)",
+    "[ref]: http:\\\\127.0.0.1:9\\ref",
+    "<http:\\\\127.0.0.1:9\\autolink>",
+    "**bold** `code` ~~gone~~ _em_",
+]
 # Payloads safe to use in a file name and a sacct field (no '/', no '|', no newline).
 PAYLOADS = [
     "<script>window.__pwned=1;alert(1)</script>",
@@ -52,6 +60,7 @@ PAYLOADS = [
     "bell\x07and\x08backspace",
     r"$\frac{$ broken mathtext",  # matplotlib would parse $...$ in chart labels as TeX
     r"$\undefinedmacro{x}$",
+    *MARKDOWN_PAYLOADS,
 ]
 
 
@@ -84,8 +93,9 @@ def hostile(tmp_path_factory):
         meta = yaml.safe_load(meta_path.read_text())
         meta["name"] = f"{payload} #{i}"
         meta_path.write_text(yaml.safe_dump(meta))
-        # a node list's own syntax ('[', ']', ',') cannot be part of a host name
-        host = re.sub(r"[/\x00\[\],]", "_", f"h{i}-{payload}")
+        # a node list's own syntax ('[', ']', ',') cannot be part of a host name, nor glob
+        # characters of the telemetry file named after it (polars reads '*' as a glob)
+        host = re.sub(r"[/\x00\[\],*?]", "_", f"h{i}-{payload}")
         job_id = str(8_000_000 + i)
         start = T0_MS + i * 3 * 3_600_000
         folder = scratch / f"{i}-{payload}"
@@ -276,3 +286,56 @@ def test_no_script_runs_and_no_request_leaves_the_page(hostile, tmp_path):
     (ARTIFACTS / "hostile-payloads.txt").write_text(
         f"payloads: {len(PAYLOADS)}; script executions: 0; requests beyond the file: 0\n"
     )
+
+
+@pytest.fixture(scope="module")
+def markdown_names(tmp_path_factory) -> Path:
+    """Twin runs named by the Markdown payloads only: every finding names one of them."""
+    from click.testing import CliRunner
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+
+    from audit.cli import cli
+
+    root = tmp_path_factory.mktemp("markdown")
+    client = MlflowClient(tracking_uri=(root / "mlruns").as_uri())
+    experiment = client.create_experiment("markdown")
+    for i, payload in enumerate(MARKDOWN_PAYLOADS):
+        for copy in range(2):
+            start = T0_MS + i * 6 * 3_600_000 + copy * 3 * 3_600_000
+            run = client.create_run(experiment, start_time=start, run_name=payload)
+            client.log_batch(
+                run.info.run_id,
+                params=[Param("learning_rate", f"{i}e-5"), Param("num_gpus", "8")],
+            )
+            client.set_terminated(run.info.run_id, "FINISHED", end_time=start + 2 * 3_600_000)
+    db = root / "w.duckdb"
+    args = ["--db", str(db), "ingest", "mlflow", "--tracking-uri", str(root / "mlruns")]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return db
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("scan", "--format", "md"), ("report", "weekly", "--week", "2026-W47", "--format", "md")],
+    ids=" ".join,
+)
+def test_markdown_output_has_no_markup_from_the_data(markdown_names, args):
+    """Parsed by a CommonMark parser (with tables), as a chat or mail client would: no
+    image, no link, no raw HTML, no code span comes from a run name or message."""
+    from markdown_it import MarkdownIt
+
+    code, out = cli_output(markdown_names, *args)
+    assert code in (0, 1), out
+    for word in ("pixel", "click here", "ref", "autolink", "bold"):  # shown, as text
+        assert word in out, word
+    tokens = MarkdownIt("commonmark").enable("table").parse(out)
+    found = []
+    for token in tokens:
+        for child in [token, *(token.children or [])]:
+            if child.type in ("image", "link_open", "html_inline", "html_block", "code_inline"):
+                found.append((child.type, child.content or child.attrs))
+    assert found == []
+    rows = [t for t in tokens if t.type == "tr_open"]
+    assert len(rows) >= 1 + len(MARKDOWN_PAYLOADS), "every duplicate is a row of the table"

@@ -312,6 +312,44 @@ def test_sql_views(demo_db, run_cli):
         )
 
 
+def test_sql_shows_intervals_and_times_beyond_python(demo_db, run_cli):
+    """Subtracting two times gives an interval, which polars cannot import (it was exit 3);
+    a query may also compute times beyond the years 1 to 9999. Both are shown as DuckDB's
+    text, in every format; in-range times keep their type."""
+    db = str(demo_db["db"])
+    code, out, err = run_cli(
+        "--db",
+        db,
+        "sql",
+        "SELECT job_id, start_time - submit_time AS wait FROM jobs WHERE job_id = '4700100'",
+        "--format",
+        "json",
+    )
+    assert code == 0, err
+    assert json.loads(out) == [{"job_id": "4700100", "wait": "00:05:00"}]
+    query = (
+        "SELECT INTERVAL 3 DAY + INTERVAL 2 HOUR AS d, [INTERVAL 1 MONTH] AS l, "
+        "TIMESTAMP '9999-12-31' + INTERVAL 1 YEAR AS after, DATE '0001-01-01' - 1 AS before, "
+        "'infinity'::TIMESTAMP AS inf, TIMESTAMP '2026-11-16 01:00:00' AS fine, 1 AS d"
+    )
+    code, out, err = run_cli("--db", db, "sql", query, "--format", "json")
+    assert code == 0, err
+    assert json.loads(out) == [
+        {
+            "d": "3 days 02:00:00",
+            "l": "[1 month]",
+            "after": "10000-12-31 00:00:00",
+            "before": "0001-12-31 (BC)",
+            "inf": "infinity",
+            "fine": "2026-11-16 01:00:00",
+            "d_1": 1,
+        }
+    ]
+    for fmt in ("table", "csv"):
+        code, out, err = run_cli("--db", db, "sql", query, "--format", fmt)
+        assert code == 0 and "3 days 02:00:00" in out and "10000-12-31" in out, (fmt, err)
+
+
 def test_export_parquet(demo_db, run_cli, tmp_path):
     target = tmp_path / "export"
     code, _out, _ = run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))

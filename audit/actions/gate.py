@@ -70,8 +70,9 @@ def gate(
     config = config or load_config(None)
     if tolerance is None:
         tolerance = config.values["rules"].get("REG002", {}).get("tolerance", DEFAULT_TOLERANCE)
-    if tolerance < 0:
-        raise InputError(f"--tolerance must be ≥ 0, got {tolerance}")
+    if not math.isfinite(tolerance) or tolerance < 0:
+        # NaN would fail every metric (no comparison holds), infinity pass every one
+        raise InputError(f"--tolerance must be a finite number ≥ 0, got {tolerance}")
     globs = metrics or list(config.values["metrics"]["general"])
     if refresh:
         from audit.importers.mlflow.single import refresh_run
@@ -160,10 +161,15 @@ def _baseline_for(wh, run_id: str, config: Config) -> str:
 
 
 def _values(wh, run_id: str, globs: list[str]) -> dict[str, float]:
+    # A run seen in several sources (a store, later its tracking server): the most recently
+    # imported source's value wins, so a refresh from a server is what is judged.
     rows = wh.con.execute(
-        "SELECT key, value FROM latest_metrics WHERE run_id = ?", [run_id]
+        "SELECT m.key, m.value FROM latest_metrics m JOIN sources s USING (source_id) "
+        "WHERE m.run_id = ? ORDER BY s.last_imported_at, m.source_id",
+        [run_id],
     ).fetchall()
-    return {k: v for k, v in rows if any(fnmatchcase(k, g) for g in globs) and not math.isnan(v)}
+    # NaN or an infinity is no score: inf - inf would fail every gate
+    return {k: v for k, v in rows if any(fnmatchcase(k, g) for g in globs) and math.isfinite(v)}
 
 
 def tag_verdict(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,8 +12,10 @@ import duckdb
 
 from audit import __version__, interrupts
 from audit.config import DEFAULT_CONFIG_NAME, Config, load_config
-from audit.errors import AuditError
+from audit.errors import AuditError, WarehouseError
+from audit.text import terminal_safe
 from audit.warehouse import Warehouse, open_warehouse
+from audit.warehouse.store import damaged_message
 
 EXIT_INTERNAL = 3
 
@@ -29,12 +32,20 @@ class AppContext:
             self._config = load_config(self.config_path)
         return self._config
 
-    def warehouse(self, read_only: bool = False) -> Warehouse:
-        return open_warehouse(self.db_path, read_only=read_only)
+    def warehouse(self, read_only: bool = False, create: bool = False) -> Warehouse:
+        """The --db warehouse; only imports pass ``create`` (a mistyped --db in a scan
+        must not report $0 from a new empty warehouse)."""
+        return open_warehouse(self.db_path, read_only=read_only, create=create)
 
 
 class AuditGroup(click.Group):
     """Turns library errors into one-line messages with documented exit codes."""
+
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except BrokenPipeError:  # `audit --help | head -1`: as for any other output
+            sys.exit(output_closed())
 
     def invoke(self, ctx: click.Context):
         try:
@@ -42,12 +53,22 @@ class AuditGroup(click.Group):
         except AuditError as exc:
             if interrupts.requested():  # an importer's wrapping of the interrupted library
                 _interrupted(ctx)
-            # One line, whatever the wrapped library put in its message.
-            error = click.ClickException(" ".join(str(exc).split()))
+            # One line, whatever the wrapped library put in its message; names and values
+            # quoted from the input are shown with their control characters escaped.
+            error = click.ClickException(terminal_safe(" ".join(str(exc).split())))
             error.exit_code = exc.exit_code
             raise error from None
         except (KeyboardInterrupt, duckdb.InterruptException):
             _interrupted(ctx)
+        except BrokenPipeError:
+            _output_closed(ctx)
+        except duckdb.IOException as exc:  # a block of the file unreadable: damage, not a bug
+            db_path = ctx.find_object(AppContext).db_path
+            error = click.ClickException(
+                terminal_safe(damaged_message(db_path, " ".join(str(exc).split())))
+            )
+            error.exit_code = WarehouseError.exit_code
+            raise error from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # a bug: say so in one line, keep the traceback opt-in
@@ -66,6 +87,26 @@ class AuditGroup(click.Group):
 def _interrupted(ctx: click.Context) -> None:
     click.echo(interrupts.message(), err=True)
     ctx.exit(interrupts.EXIT_INTERRUPTED)
+
+
+EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for `cat` in `cat f | head`
+
+
+def output_closed() -> int:
+    """The reader of stdout went away (``audit status | head -2``): stop quietly, as other
+    Unix tools do. stdout now points at /dev/null so the exit's final flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (in-process runners)
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_OUTPUT_CLOSED
+
+
+def _output_closed(ctx: click.Context) -> None:
+    ctx.exit(output_closed())
 
 
 def _default_config() -> str | None:
@@ -103,7 +144,10 @@ def cli(ctx: click.Context, db_path: Path, config_path: Path | None) -> None:
       audit --db team.duckdb ingest mlflow --tracking-uri sqlite:///mlflow.db
       audit --db team.duckdb status
     """
-    ctx.obj = AppContext(db_path=db_path, config_path=config_path)
+    app = AppContext(db_path=db_path, config_path=config_path)
+    if config_path is not None:  # a missing or invalid --config is an error for every command
+        app._config = load_config(config_path)
+    ctx.obj = app
 
 
 pass_app = click.make_pass_decorator(AppContext)

@@ -9,7 +9,8 @@ import click
 
 from audit import interrupts
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import table
+from audit.cli.output import safe, table
+from audit.errors import AuditError
 
 
 @cli.command("gate")
@@ -76,7 +77,7 @@ def gate_command(
             app.config,
         )
     except CannotJudge as exc:
-        click.echo(f"cannot judge: {exc}", err=True)
+        click.echo(f"cannot judge: {safe(str(exc))}", err=True)
         raise SystemExit(2) from None
     click.echo(
         table(
@@ -103,11 +104,16 @@ def gate_command(
         else (f"tolerance {result.tolerance:g}")
     )
     click.echo(
-        f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} against baseline {result.baseline_id} "
-        f"({allowed})"
+        safe(
+            f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} against baseline "
+            f"{result.baseline_id} ({allowed})"
+        )
     )
     if tag:
-        tag_verdict(result, app.db_path, tracking_uri, app.config)
+        try:
+            tag_verdict(result, app.db_path, tracking_uri, app.config)
+        except AuditError as exc:  # the verdict stands; only writing it back failed
+            click.echo(f"audit: warning: the verdict was not tagged: {safe(str(exc))}", err=True)
     raise SystemExit(result.exit_code)
 
 
@@ -152,7 +158,7 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
         summary = apply_plan(apply_path, app.db_path, manifest)
         for outcome in summary["outcomes"]:
             if outcome["status"] == "skipped":
-                click.echo(f"skipped {outcome['path']}: {outcome['reason']}", err=True)
+                click.echo(f"skipped {safe(outcome['path'])}: {safe(outcome['reason'])}", err=True)
         click.echo(
             f"deleted {summary['deleted']} entries ({summary['freed_bytes'] / 1e9:,.1f} GB freed), "
             f"skipped {summary['skipped']}; manifest {manifest}"
@@ -170,11 +176,11 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
     plan = make_plan(app.db_path, app.config)
     for entry in plan["entries"]:
         click.echo(
-            f"{'would delete' if not plan_path else 'planned'} {entry['path']} "
+            f"{'would delete' if not plan_path else 'planned'} {safe(entry['path'])} "
             f"({entry['bytes'] / 1e9:,.1f} GB, {entry['rule']})"
         )
     for refused in plan["refused"]:
-        click.echo(f"not planned {refused['path']}: {refused['reason']}", err=True)
+        click.echo(f"not planned {safe(refused['path'])}: {safe(refused['reason'])}", err=True)
     if plan_path:
         plan_path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
         click.echo(

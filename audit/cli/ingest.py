@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from audit.cli import AppContext, cli, pass_app
+from audit.cli.output import safe
 from audit.progress import ProgressReporter
 
 
@@ -50,7 +51,7 @@ def ingest_mlflow(app: AppContext, tracking_uri: str, experiments: tuple[str, ..
     from audit.importers.mlflow import import_mlflow
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_mlflow(
             wh,
             tracking_uri,
@@ -58,7 +59,7 @@ def ingest_mlflow(app: AppContext, tracking_uri: str, experiments: tuple[str, ..
             config=config,
             progress=ProgressReporter("importing runs"),
         )
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 def _paths(values: tuple[str, ...]) -> list[Path]:
@@ -71,13 +72,13 @@ def _fields(value: str | None) -> list[str] | None:
 
 def _report_skipped(summary) -> None:
     for message in summary.notes:
-        click.echo(f"note: {message}", err=True)
+        click.echo(f"note: {safe(message)}", err=True)
     for message in summary.warnings[:20]:
-        click.echo(f"warning: {message}", err=True)
+        click.echo(f"warning: {safe(message)}", err=True)
     if len(summary.warnings) > 20:
         click.echo(f"warning: ... {len(summary.warnings) - 20} more", err=True)
     for message in summary.skipped[:20]:
-        click.echo(f"skipped: {message}", err=True)
+        click.echo(f"skipped: {safe(message)}", err=True)
     if len(summary.skipped) > 20:
         click.echo(
             f"skipped: ... {len(summary.skipped) - 20} more bad {summary.skipped_what}", err=True
@@ -129,12 +130,12 @@ def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -
     if not delimiter:
         raise click.UsageError("--delimiter must not be empty")
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_slurm(
             wh, _paths(files), config, _fields(fields), delimiter, skip_bad, cluster
         )
     _report_skipped(summary)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 @ingest.command("gpu")
@@ -172,10 +173,10 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     from audit.importers.cluster import import_gpu
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_gpu(wh, _paths(files), config, host, _fields(fields), skip_bad, at)
     _report_skipped(summary)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 @ingest.command("checkpoints")
@@ -195,9 +196,9 @@ def ingest_checkpoints(app: AppContext, roots) -> None:
     from audit.importers.cluster import import_checkpoints
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_checkpoints(wh, _paths(roots), config)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 skip_bad_runs_option = click.option(
@@ -231,12 +232,12 @@ def ingest_wandb(app: AppContext, paths, skip_bad) -> None:
     from audit.importers.wandb import import_wandb
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_wandb(
             wh, _paths(paths), config, skip_bad, ProgressReporter("importing W&B runs")
         )
     _report_skipped(summary)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 @ingest.command("trainer-logs")
@@ -259,12 +260,12 @@ def ingest_trainer_logs(app: AppContext, paths, skip_bad) -> None:
     from audit.importers.trainer_logs import import_trainer_logs
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_trainer_logs(
             wh, _paths(paths), config, skip_bad, ProgressReporter("importing trainer logs")
         )
     _report_skipped(summary)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))
 
 
 @ingest.command("tensorboard")
@@ -286,9 +287,9 @@ def ingest_tensorboard(app: AppContext, paths, skip_bad) -> None:
     from audit.importers.tensorboard import import_tensorboard
 
     config = app.config
-    with app.warehouse() as wh:
+    with app.warehouse(create=True) as wh:
         summary = import_tensorboard(
             wh, _paths(paths), config, skip_bad, ProgressReporter("importing TensorBoard runs")
         )
     _report_skipped(summary)
-    click.echo(summary.line())
+    click.echo(safe(summary.line()))

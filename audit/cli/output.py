@@ -2,22 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
-# C0/C1 controls (ANSI escapes start with one) and the bidi controls that reorder what a
-# terminal shows (a "Trojan Source" name can look like another)
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def safe(value: object) -> str:
-    """Text with control characters (ANSI escapes among them) made visible, not executed."""
-    text = "" if value is None else str(value)
-    return _CONTROL.sub(_visible, text)
-
-
-def _visible(match: re.Match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+from audit.text import terminal_safe as safe
 
 
 def table(headers: list[str], rows: list[list[object]], right: set[int] | None = None) -> str:

@@ -28,7 +28,8 @@ def _registry(app: AppContext):
     return Registry(app.db_path, app.config)
 
 
-def emit(frame: pl.DataFrame, fmt: str) -> None:
+def emit(frame: pl.DataFrame, fmt: str, empty: str = "no runs match") -> None:
+    """``frame`` in the format; a table with no rows says ``empty`` instead."""
     if fmt == "json":
         click.echo(json.dumps(frame.to_dicts(), indent=2, default=str))
     elif fmt == "csv":
@@ -40,7 +41,7 @@ def emit(frame: pl.DataFrame, fmt: str) -> None:
         else:
             click.echo(text, nl=False, color=True)
     elif frame.is_empty():
-        click.echo("no runs match")
+        click.echo(empty)
     else:
         flat = _flat(frame)
         click.echo(table(flat.columns, [[_cell(v) for v in row] for row in flat.iter_rows()]))
@@ -229,9 +230,12 @@ def runs_similar(
 def runs_compare(app: AppContext, run_ids, all_params, fmt) -> None:
     """Params side by side (differing keys only by default), metrics, GPU-hours and cost.
 
+    Run ids may be shortened to a unique prefix of at least 4 characters, as in git.
+
     \b
     Example:
       audit runs compare 5a7bde3db006447f 9339f45d8ecb4aa8
+      audit runs compare 5a7b 9339 --all-params
     """
     parts = _registry(app).compare(list(run_ids), all_params)
     if fmt == "json":
@@ -258,7 +262,7 @@ def sql_command(app: AppContext, query, fmt) -> None:
       audit sql "select key, count(*) from params group by key order by 2 desc limit 10"
     """
     frame = _registry(app).sql(query)
-    emit(frame, fmt)
+    emit(frame, fmt, empty=f"no rows ({', '.join(frame.columns)})" if frame.columns else "no rows")
 
 
 @cli.command("export")

@@ -13,6 +13,7 @@ from audit.rule_api import Severity
 from audit.rule_registry import all_rules, get_rule, select_rules
 from audit.scans import scan
 from audit.summary import summarise
+from audit.text import markdown_text
 from audit.windows import Window
 
 DATE = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
@@ -158,13 +159,9 @@ def render_markdown(result, summary, top: int = 20) -> str:
     for f in result.active[:top]:
         cost = "unknown" if f.usd is None else f"${f.usd:,.2f}"
         out.append(
-            f"| {f.severity.label} | {f.rule} | {_md(_subject(f.subject))} | {cost} | {_md(f.message)} |"
+            f"| {f.severity.label} | {f.rule} | {markdown_text(_subject(f.subject))} | {cost} | {markdown_text(f.message)} |"
         )
     return "\n".join(out) + "\n"
-
-
-def _md(text: str) -> str:
-    return safe(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _subject(subject: dict) -> str:
@@ -194,10 +191,10 @@ def _subject(subject: dict) -> str:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "json", "md"]),
+    type=click.Choice(["table", "json", "md", "html"]),
     default="table",
     show_default=True,
-    help="Output format.",
+    help="Output format (html: the scan as one self-contained report file, needs --output).",
 )
 @click.option(
     "--output",
@@ -220,6 +217,7 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
       audit scan
       audit scan --select OVP,IDL --since 2026-11-16 --until 2026-11-23 --format json --output scan.json
       audit scan --fail-on high
+      audit scan --format html --output scan.html
     """
     if since and until and since >= until:
         raise click.UsageError("--since must be before --until")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import count, table
+from audit.cli.output import count, safe, table
 from audit.status import warehouse_status
 
 
@@ -21,7 +21,7 @@ def status(app: AppContext) -> None:
     """
     with app.warehouse(read_only=True) as wh:
         report = warehouse_status(wh)
-    click.echo(f"warehouse {app.db_path} (schema v{report['schema_version']})")
+    click.echo(safe(f"warehouse {app.db_path} (schema v{report['schema_version']})"))
     if not report["sources"]:
         click.echo("no sources imported yet; run `audit ingest mlflow --tracking-uri URI`")
         return
@@ -55,7 +55,7 @@ def status(app: AppContext) -> None:
     if report["first_run"]:
         click.echo(f"runs started between {report['first_run']} and {report['last_run']} (UTC)")
     by_status = ", ".join(f"{k} {count(v)}" for k, v in report["runs_by_status"])
-    click.echo(f"run status: {by_status}")
+    click.echo(safe(f"run status: {by_status}"))
     c = report["cluster"]
     click.echo("")
     click.echo(
@@ -76,7 +76,7 @@ def status(app: AppContext) -> None:
     methods = ", ".join(f"{m} {n}" for m, n in c["link_methods"])
     click.echo(
         f"  runs with a Slurm job      {_share(c['runs_with_job'], c['runs'])}"
-        + (f" ({methods})" if methods else "")
+        + (f" ({safe(methods)})" if methods else "")
     )
     click.echo(
         f"  GPU jobs with telemetry    {_share(c['gpu_jobs_with_telemetry'], c['gpu_jobs'])}"

@@ -28,6 +28,7 @@ def now_utc() -> datetime:
 def insert_frame(con, table: str, frame: pl.DataFrame) -> None:
     if frame.is_empty():
         return
+    _check_times(table, frame)
     columns = ", ".join(f'"{c}"' for c in frame.columns)
     con.register("incoming", frame)
     try:
@@ -267,3 +268,22 @@ def parse_ahead(
             if nxt is not None:
                 pending.append((nxt, pool.submit(guarded, nxt)))
             yield unit, result
+
+
+def _check_times(table: str, frame: pl.DataFrame) -> None:
+    """Every time written is between the years 1 and 9999, the range every reader of the
+    warehouse can represent. Importers check their sources' times with file and line;
+    this is the net under all of them."""
+    for name, dtype in frame.schema.items():
+        if not isinstance(dtype, pl.Datetime):
+            continue
+        year = pl.col(name).dt.year()
+        bad = frame.filter(~year.is_between(1, 9999))
+        if bad.height:
+            row = bad.select(pl.col(pl.String)).row(0, named=True)  # no datetime to Python
+            keys = [f"{k}={v!r}" for k, v in row.items()][:2]
+            raise InputError(
+                f"{table}.{name}: a time in year {bad[name].dt.year()[0]} "
+                f"({', '.join(keys) or 'first such row'}); times must lie between the years 1 "
+                "and 9999"
+            )

@@ -270,10 +270,13 @@ def _frame(column_rows: list[tuple[str, dict[str, str]]], schema: dict) -> pl.Da
 
 def _insert_runs(con, source_id: str, runs: list[ParsedRun], origin: str) -> None:
     now = now_utc()
+    location = str(runs[0].source_dir)  # one source: the folder holding the run folders
     insert_frame(
         con,
         "runs",
-        runs_frame(pl.concat([RunFolderSource._run_row(r) for r in runs]), source_id, now),
+        runs_frame(
+            pl.concat([RunFolderSource._run_row(r) for r in runs]), source_id, now, location
+        ),
     )
     points = pl.concat(
         [r.points.with_columns(run_id=pl.lit(r.run_id, pl.String)) for r in runs]
@@ -298,6 +301,7 @@ def _insert_runs(con, source_id: str, runs: list[ParsedRun], origin: str) -> Non
             latest_metrics=latest,
         ),
         source_id,
+        location,
     )
     samples = [
         r.gpu_samples.with_columns(run_id=pl.lit(r.run_id, pl.String))

@@ -4,19 +4,29 @@ hands the warehouse, and the code that writes it.
 Readers produce polars frames with the fixed columns below (times as epoch milliseconds);
 ``write_batch`` normalises params, derives latest metrics and inserts a batch into
 ``params``, ``tags``, ``metrics``, ``latest_metrics`` and ``dataset_inputs``. Runs of every
-tracker land in the same tables, each with the ``source_id`` of where it came from.
+tracker land in the same tables, each with the ``source_id`` of where it came from. Every
+time passes ``epoch_ms_to_datetime`` on its way in: epoch milliseconds between years 1 and
+9999 (what every reader of the warehouse can represent), else the import is refused with the
+source, the run and the field.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import polars as pl
 
+from audit.errors import InputError
 from audit.importers.files import insert_frame
 from audit.importers.params import normalised_params
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EPOCH_MS_MIN = int((datetime(1, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds() * 1000)
+EPOCH_MS_MAX = (
+    int((datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC) - _EPOCH).total_seconds()) * 1000 + 999
+)
 
 EXPERIMENT_SCHEMA = {
     "experiment_id": pl.String,
@@ -100,7 +110,35 @@ def latest_from_history(metrics: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def write_batch(con, batch: DetailBatch, source_id: str) -> None:
+def check_epoch_ms(number: int, where: object, field: str) -> None:
+    if EPOCH_MS_MIN <= number <= EPOCH_MS_MAX:
+        return
+    hint = ""
+    for unit, factor in (("microseconds", 1_000), ("nanoseconds", 1_000_000)):
+        if EPOCH_MS_MIN <= number / factor <= EPOCH_MS_MAX:
+            hint = f" (it looks like {unit})"
+            break
+    raise InputError(
+        f"{where}: {field} {number} is not a time in epoch milliseconds between years 1 and "
+        f"9999{hint}"
+    )
+
+
+def epoch_ms_to_datetime(
+    frame: pl.DataFrame, columns: list[str], what: str, id_column: str, location: str
+) -> pl.DataFrame:
+    """Epoch-millisecond columns as timestamps, after checking each is between years 1
+    and 9999: the one gate every tracker's times pass on the way to the warehouse."""
+    for column in columns:
+        values = pl.col(column)
+        bad = frame.filter(values.is_not_null() & ~values.is_between(EPOCH_MS_MIN, EPOCH_MS_MAX))
+        if bad.height:
+            row = bad.row(0, named=True)
+            check_epoch_ms(row[column], f"{location}: {what} {row[id_column]}", column)
+    return frame.with_columns(**{c: pl.from_epoch(pl.col(c), time_unit="ms") for c in columns})
+
+
+def write_batch(con, batch: DetailBatch, source_id: str, location: str) -> None:
     """Insert one batch of run details (params normalised, latest metrics derived if absent)."""
     latest = (
         batch.latest_metrics
@@ -110,8 +148,8 @@ def write_batch(con, batch: DetailBatch, source_id: str) -> None:
     source = pl.lit(source_id)
     insert_frame(con, "params", normalised_params(batch.params).with_columns(source_id=source))
     insert_frame(con, "tags", batch.tags.with_columns(source_id=source))
-    insert_frame(con, "metrics", metric_frame(batch.metrics, source_id))
-    insert_frame(con, "latest_metrics", metric_frame(latest, source_id))
+    insert_frame(con, "metrics", metric_frame(batch.metrics, source_id, location))
+    insert_frame(con, "latest_metrics", metric_frame(latest, source_id, location))
     insert_frame(con, "dataset_inputs", batch.datasets.with_columns(source_id=source))
 
 
@@ -125,12 +163,14 @@ def upsert_source(con, source_id: str, kind: str, location: str, now: datetime) 
         )
 
 
-def replace_experiments(con, source_id: str, experiments: pl.DataFrame) -> None:
-    frame = experiments.with_columns(
-        source_id=pl.lit(source_id),
-        creation_time=pl.from_epoch(pl.col("creation_time"), time_unit="ms"),
-        last_update_time=pl.from_epoch(pl.col("last_update_time"), time_unit="ms"),
-    )
+def replace_experiments(con, source_id: str, experiments: pl.DataFrame, location: str) -> None:
+    frame = epoch_ms_to_datetime(
+        experiments,
+        ["creation_time", "last_update_time"],
+        "experiment",
+        "experiment_id",
+        location,
+    ).with_columns(source_id=pl.lit(source_id))
     con.register("incoming_experiments", frame)
     con.execute(
         "DELETE FROM experiments WHERE source_id = ? AND experiment_id IN "
@@ -141,20 +181,15 @@ def replace_experiments(con, source_id: str, experiments: pl.DataFrame) -> None:
     insert_frame(con, "experiments", frame)
 
 
-def runs_frame(runs: pl.DataFrame, source_id: str, now: datetime) -> pl.DataFrame:
-    return runs.with_columns(
-        source_id=pl.lit(source_id),
-        imported_at=pl.lit(now),
-        **{
-            c: pl.from_epoch(pl.col(c), time_unit="ms")
-            for c in ("start_time", "end_time", "deleted_time")
-        },
-    )
+def runs_frame(runs: pl.DataFrame, source_id: str, now: datetime, location: str) -> pl.DataFrame:
+    return epoch_ms_to_datetime(
+        runs, ["start_time", "end_time", "deleted_time"], "run", "run_id", location
+    ).with_columns(source_id=pl.lit(source_id), imported_at=pl.lit(now))
 
 
-def metric_frame(metrics: pl.DataFrame, source_id: str) -> pl.DataFrame:
-    return metrics.with_columns(
+def metric_frame(metrics: pl.DataFrame, source_id: str, location: str) -> pl.DataFrame:
+    checked = epoch_ms_to_datetime(metrics, ["timestamp"], "metric of run", "run_id", location)
+    return checked.with_columns(
         source_id=pl.lit(source_id),
         value=pl.col("value").fill_null(float("nan")),  # MLflow stores NaN as NULL + is_nan
-        ts=pl.from_epoch(pl.col("timestamp"), time_unit="ms"),
-    ).drop("timestamp")
+    ).rename({"timestamp": "ts"})

@@ -21,6 +21,7 @@ import polars as pl
 from audit.errors import InputError
 from audit.importers.files import ParsedUnit
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
+from audit.importers.store_files import require_found_file
 
 EVENT_FILE_MARK = "tfevents"
 # PyTorch's and tensorboardX's add_hparams write into a subfolder named by the time.
@@ -55,12 +56,19 @@ def _has_events(folder: Path) -> bool:
 
 
 def _event_files(folder: Path) -> list[Path]:
-    """The run's event files: its own and those of add_hparams subfolders."""
-    files = [p for p in folder.iterdir() if p.is_file() and EVENT_FILE_MARK in p.name]
+    """The run's event files: its own and those of add_hparams subfolders. Whatever bears
+    the name is taken, and must be a regular file: a link or a FIFO is refused, not skipped."""
+    files = [p for p in folder.iterdir() if EVENT_FILE_MARK in p.name and not _real_dir(p)]
     for sub in folder.iterdir():
-        if sub.is_dir() and _HPARAMS_SUBFOLDER.match(sub.name):
-            files += [p for p in sub.iterdir() if p.is_file() and EVENT_FILE_MARK in p.name]
+        if _real_dir(sub) and _HPARAMS_SUBFOLDER.match(sub.name):
+            files += [p for p in sub.iterdir() if EVENT_FILE_MARK in p.name and not _real_dir(p)]
+    for path in files:
+        require_found_file(path)
     return sorted(files)
+
+
+def _real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
 
 
 def _loader():
@@ -88,7 +96,7 @@ class TensorBoardSource(RunFolderSource):
         folder = unit.resolve()
         files = _event_files(folder)
         signature = ";".join(
-            f"{p.relative_to(folder)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files
+            f"{p.relative_to(folder)}:{p.lstat().st_size}:{p.lstat().st_mtime_ns}" for p in files
         )
         if self.known_signature(folder.parent, folder.name) == signature:
             run = ParsedRun(

@@ -31,13 +31,16 @@ import re
 from pathlib import Path
 
 import polars as pl
-import yaml
 
+from audit import bounded_yaml
 from audit.errors import InputError
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
+from audit.importers.store_files import read_found_file, read_found_text, require_found_file
 
+# trainer_state.json of a long run holds its whole log history: tens of MB
+MAX_FILE_BYTES = 256 << 20
 STATE_FILE = "trainer_state.json"
 LF_LOG = "trainer_log.jsonl"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -94,6 +97,8 @@ def _unit_of_file(path: Path) -> Path | None:
 
 
 def _looks_like_verl(path: Path) -> bool:
+    if not path.is_file() or path.is_symlink():  # never open a FIFO or a link just to look
+        return False
     try:
         with open(path, encoding="utf-8") as f:
             first = f.readline(1 << 20)
@@ -108,12 +113,13 @@ def _mtime_ms(path: Path) -> int:
 
 
 def _signature(files: list[Path]) -> str:
-    return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    return ";".join(f"{p.name}:{p.lstat().st_size}:{p.lstat().st_mtime_ns}" for p in files)
 
 
 def _read_json(path: Path):
+    data = read_found_file(path, MAX_FILE_BYTES, "a trainer state or results file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: byte {exc.start}: not UTF-8 text") from None
     try:
@@ -157,7 +163,8 @@ class TrainerLogSource(RunFolderSource):
             files = [unit / LF_LOG, unit / STATE_FILE, unit / "training_args.yaml"]
             files += sorted(unit.glob("*_results.json"))
             files += sorted(unit.glob(f"checkpoint-*/{STATE_FILE}"))
-            files = [p for p in files if p.is_file()]
+            # what is there, whatever it is: a link or a FIFO is refused when read, not skipped
+            files = [p for p in files if os.path.lexists(p)]
         signature = _signature(files)
         run_id = unit.stem if unit.is_file() else unit.name
         if self.known_signature(unit.parent, run_id) == signature:
@@ -179,9 +186,9 @@ class TrainerLogSource(RunFolderSource):
             artifact_uri=str(folder),
         )
         states = [folder / STATE_FILE, *sorted(folder.glob(f"checkpoint-*/{STATE_FILE}"))]
-        states = [s for s in states if s.is_file()]
+        states = [s for s in states if os.path.lexists(s)]
         parsed_states = [(s, _trainer_state(s)) for s in states]
-        if (folder / LF_LOG).is_file():
+        if os.path.lexists(folder / LF_LOG):
             run.tags["audit.log_format"] = "llamafactory"
             points, done, reason, span = _llamafactory_log(folder / LF_LOG)
             run.points = points
@@ -199,13 +206,12 @@ class TrainerLogSource(RunFolderSource):
             if done is None:
                 done, reason = _state_finished(state)
         args = folder / "training_args.yaml"
-        if args.is_file():
-            try:
-                loaded = yaml.safe_load(args.read_text(encoding="utf-8"))
-            except (yaml.YAMLError, UnicodeDecodeError) as exc:
-                raise InputError(
-                    f"{args}: not readable YAML ({' '.join(str(exc).split())})"
-                ) from None
+        if os.path.lexists(args):
+            loaded = bounded_yaml.load(
+                read_found_text(args, MAX_FILE_BYTES, "training_args.yaml"),
+                args,
+                "training arguments as YAML",
+            )
             if not isinstance(loaded, dict):
                 raise InputError(f"{args}: expected a mapping of training arguments")
             run.params.update(flatten_config(loaded))
@@ -273,6 +279,7 @@ class TrainerLogSource(RunFolderSource):
         entries = 0
         last_elapsed = None
         elapsed_of = []
+        require_found_file(path)
         with open(path, encoding="utf-8", errors="strict") as f:
             try:
                 for number, line in enumerate(f, start=1):
@@ -363,6 +370,7 @@ def _state_finished(state: dict) -> tuple[bool, str | None]:
 def _llamafactory_log(path: Path):
     """(points, finished, reason, elapsed ms of the whole log) of a trainer_log.jsonl."""
     entries = []
+    require_found_file(path)
     with open(path, encoding="utf-8", errors="strict") as f:
         try:
             for number, line in enumerate(f, start=1):

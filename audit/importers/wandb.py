@@ -50,8 +50,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
-import yaml
 
+from audit import bounded_yaml
 from audit.errors import InputError
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
@@ -62,6 +62,7 @@ from audit.importers.run_files import (
     RunFolderSource,
 )
 from audit.importers.run_store import latest_from_history
+from audit.importers.store_files import read_found_text, require_found_file
 
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
 BLOCK = 32768
@@ -69,6 +70,7 @@ FRAGMENT_HEADER = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 _FRAGMENT = struct.Struct("<IHB")  # CRC-32 of type and data, data length, type
 _TYPE_CRC = {kind: zlib.crc32(bytes([kind])) for kind in (FULL, FIRST, MIDDLE, LAST)}
+MAX_FILES_BYTES = 64 << 20  # a files/ JSON or YAML file (config, summary, metadata)
 MAX_RECORD_BYTES = 64 * 1024 * 1024  # larger than any record wandb writes (its limit is 10 MB)
 _POINTS_PER_CHUNK = 250_000
 _RUN_FOLDER = re.compile(r"^(?:offline-)?run-(?:\d{8}_\d{6}-)?(?P<id>[A-Za-z0-9_-]+)$")
@@ -131,6 +133,7 @@ def read_log(path: Path, start: int = len(HEADER), end: LogEnd | None = None) ->
     """
     end = end if end is not None else LogEnd()
     end.resume_offset = start
+    require_found_file(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if start == len(HEADER):
@@ -686,11 +689,12 @@ def _fold_metadata_file(folder: Path, state: RunState) -> None:
 
 
 def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except (OSError, ValueError) as exc:
+    text = read_found_text(path, MAX_FILES_BYTES, "a W&B run file")
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
         raise InputError(f"{path}: not readable JSON ({' '.join(str(exc).split())})") from None
 
 
@@ -1025,13 +1029,12 @@ class WandbSource(RunFolderSource):
             )
         state = RunState(run_id=run_id)
         config_file = files / "config.yaml"
-        if config_file.is_file():
-            try:
-                config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
-            except (yaml.YAMLError, UnicodeDecodeError) as exc:
-                raise InputError(
-                    f"{config_file}: not readable YAML ({' '.join(str(exc).split())})"
-                ) from None
+        if os.path.lexists(config_file):
+            config = bounded_yaml.load(
+                read_found_text(config_file, MAX_FILES_BYTES, "a W&B config.yaml"),
+                config_file,
+                "a W&B config as YAML",
+            )
             if isinstance(config, dict):
                 state.config = config
         summary = _read_json(files / "wandb-summary.json")
@@ -1082,8 +1085,9 @@ def _config_value(config: dict, key: str):
 def _history_file(path: Path, state: RunState) -> pl.DataFrame:
     """``files/wandb-history.jsonl`` of old wandb versions, when present."""
     history = _History()
-    if not path.is_file():
+    if not os.path.lexists(path):
         return history.frame()
+    require_found_file(path)
     with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
-import yaml
 
 from audit.config import Config, load_config
-from audit.errors import InputError
+from audit.errors import InputError, utf8_problem
 from audit.importers.params import flatten_config, normalise_value
 from audit.query.filter import compile_filter, compile_order
 from audit.warehouse import open_warehouse
@@ -326,12 +325,10 @@ class Registry:
         if len(run_ids) < 2:
             raise InputError("compare needs at least two run ids")
         with self._open() as wh:
+            run_ids = [_full_run_id(wh, r) for r in run_ids]
             runs = wh.frame(
                 "SELECT run_id, name FROM runs WHERE run_id IN (SELECT unnest(?))", [run_ids]
             )
-            missing = [r for r in run_ids if r not in set(runs["run_id"])]
-            if missing:
-                raise InputError(f"no run {missing[0]!r} in the warehouse")
             label = dict(zip(runs["run_id"], runs["name"], strict=True))
             columns = [f"{label[r] or r} ({r[:8]})" for r in run_ids]
             params = wh.frame(
@@ -424,7 +421,7 @@ class Registry:
                     f"views: {', '.join(VIEWS)}"
                 )
             try:
-                return con.sql(query).pl()
+                return _result_frame(con.sql(query))
             except duckdb.Error as exc:
                 raise InputError(f"SQL error: {_first_line(exc)}") from None
         finally:
@@ -449,6 +446,86 @@ class Registry:
                     f"COPY (SELECT * FROM {table}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY ({partition}))"
                 )
         return counts
+
+
+# Types of a query result that polars cannot import (an interval is what subtracting two
+# times gives); such columns, also when nested, are shown as DuckDB's text: '2 days 03:00:00'.
+_SHOWN_AS_TEXT = ("INTERVAL", "UNION", "TIME WITH TIME ZONE")
+# What Python's datetime, and so every output format, can represent: years 1 to 9999, as
+# polars stores dates (days) and times (in their unit) since 1970.
+_DAYS_1_TO_9999 = (-719_162, 2_932_896)
+_SECONDS_1_TO_9999 = (-62_135_596_800, 253_402_300_799)
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _result_frame(relation) -> pl.DataFrame:
+    """A query's result as a frame every output format can show. Intervals and the other
+    types polars cannot take become text, and so do dates and times a query computed beyond
+    the years 1 to 9999 (``end_time + INTERVAL 9000 YEAR``, ``'infinity'::TIMESTAMP``)."""
+    types = [str(t) for t in relation.types]
+    as_text = {i for i, t in enumerate(types) if any(k in t for k in _SHOWN_AS_TEXT)}
+    frame = _projected(relation, as_text).pl()
+    beyond = {
+        i
+        for i, name in enumerate(frame.columns)
+        if i not in as_text and _beyond_python(frame[name])
+    }
+    return _projected(relation, as_text | beyond).pl() if beyond else frame
+
+
+def _projected(relation, as_text: set[int]):
+    if not as_text:
+        return relation
+    columns = []
+    for i, name in enumerate(relation.columns):
+        value = f"CAST(#{i + 1} AS VARCHAR)" if i in as_text else f"#{i + 1}"
+        quoted = name.replace('"', '""')
+        columns.append(f'{value} AS "{quoted}"')
+    return relation.project(", ".join(columns))
+
+
+def _beyond_python(series: pl.Series) -> bool:
+    if series.dtype == pl.Date:
+        low, high = _DAYS_1_TO_9999
+    elif isinstance(series.dtype, pl.Datetime):
+        factor = _PER_SECOND[series.dtype.time_unit]
+        low, high = (_SECONDS_1_TO_9999[0] * factor, (_SECONDS_1_TO_9999[1] + 1) * factor - 1)
+    else:
+        return False
+    raw = series.cast(pl.Int64).drop_nulls()
+    return bool(raw.len()) and (raw.min() < low or raw.max() > high)
+
+
+MIN_RUN_ID_PREFIX = 4
+
+
+def _full_run_id(wh, given: str) -> str:
+    """The run id ``given`` names: itself, or the one run id it is a prefix of (as git
+    resolves abbreviated commits); none or several is an error that says so."""
+    if wh.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [given]):
+        return given
+    matches = []
+    if len(given) >= MIN_RUN_ID_PREFIX:
+        matches = [
+            r[0]
+            for r in wh.con.execute(
+                "SELECT DISTINCT run_id FROM runs WHERE starts_with(run_id, ?) ORDER BY 1 LIMIT 6",
+                [given],
+            ).fetchall()
+        ]
+    if not matches:
+        shortest = (
+            f" (a prefix needs at least {MIN_RUN_ID_PREFIX} characters)"
+            if len(given) < MIN_RUN_ID_PREFIX
+            else ""
+        )
+        raise InputError(f"no run {given!r} in the warehouse{shortest}")
+    if len(matches) > 1:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise InputError(
+            f"run id prefix {given!r} is ambiguous: it starts {shown}; give more characters"
+        )
+    return matches[0]
 
 
 class _Borrowed:
@@ -515,26 +592,50 @@ def _default_columns(keys: list[tuple[str, str]], order_by: list[str]) -> list[s
     return out
 
 
+MAX_CONFIG_BYTES = 16 << 20
+MAX_CONFIG_DEPTH = 100
+
+
 def read_config_file(path: Path) -> dict:
-    """A training config in YAML, JSON or TOML (by extension; content sniffed otherwise)."""
+    """A training config in YAML, JSON or TOML (by extension; content sniffed otherwise).
+
+    Read as any file from elsewhere: a regular file of bounded size (a FIFO or /dev/zero
+    is refused), YAML without alias bombs, nesting no deeper than 100 levels.
+    """
+    from audit import bounded_yaml
+    from audit.importers.store_files import read_named_file
+
+    data = read_named_file(path.resolve(), MAX_CONFIG_BYTES, "a training config")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(utf8_problem(path, data, exc)) from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".json":
-            data = json.loads(text)
+            settings = json.loads(text)
         elif suffix == ".toml":
-            data = tomllib.loads(text)
+            settings = tomllib.loads(text)
         else:
-            data = yaml.safe_load(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+            settings = bounded_yaml.load(text, path, "a training config as YAML")
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InputError(
-            f"{path}: cannot parse as {suffix.lstrip('.') or 'YAML'}: {' '.join(str(exc).split())}"
+            f"{path}: cannot parse as {suffix.lstrip('.')}: {' '.join(str(exc).split())}"
         ) from None
-    if not isinstance(data, dict):
+    except RecursionError:
+        raise InputError(f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep") from None
+    if not isinstance(settings, dict):
         raise InputError(f"{path}: expected a mapping of settings at the top level")
-    return data
+    if _depth(settings) > MAX_CONFIG_DEPTH:
+        raise InputError(f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep")
+    return settings
+
+
+def _depth(settings: dict) -> int:
+    deepest, pending = 0, [(settings, 1)]
+    while pending:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_CONFIG_DEPTH:
+            pending.extend((v, depth + 1) for v in node.values() if isinstance(v, dict))
+    return deepest

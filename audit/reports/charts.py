@@ -55,9 +55,17 @@ def _svg(fig, title: str, alt: str) -> Chart:
     return Chart(title=title, alt=alt, svg=text)
 
 
+LABEL_CHARS = 60  # a team, method or run name of a megabyte would take minutes to lay out
+
+
 def _visible(labels: list[str]) -> list[str]:
     # control characters have no glyph: show them as escapes, as the terminal output does
-    return [safe(label) for label in labels]
+    return [_label(label) for label in labels]
+
+
+def _label(text: str) -> str:
+    shown = safe(text)
+    return shown if len(shown) <= LABEL_CHARS else shown[: LABEL_CHARS - 1] + "…"
 
 
 def _attr(text: str) -> str:
@@ -91,7 +99,7 @@ def grouped(
             [i + index * width for i in range(len(labels))],
             values,
             width,
-            label=safe(name),
+            label=_label(name),
             color=PALETTE[index],
         )
     ax.set_xticks(
@@ -123,7 +131,7 @@ def forgetting(title: str, points: list[dict], alt: str) -> Chart:
         ax.scatter(
             [p["target_gain"] for p in mine],
             [p["general_change"] for p in mine],
-            label=safe(method),
+            label=_label(method),
             marker=METHOD_MARKERS.get(method, "D"),
             color=PALETTE[index],
             s=36,

@@ -12,6 +12,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from audit.reports import charts
 from audit.reports.weekly import to_json
+from audit.text import markdown_text
 
 HTML_FINDINGS = 200  # beyond this the HTML collapses to counts; the JSON has every finding
 
@@ -25,7 +26,7 @@ def _environment(html: bool = True) -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["md"] = _markdown_text
+    env.filters["md"] = markdown_text
     env.filters["money"] = lambda v: "—" if v is None else f"${v:,.2f}"
     env.filters["num"] = lambda v, d=1: "—" if v is None else f"{v:,.{d}f}"
     env.filters["gb"] = lambda b: f"{(b or 0) / 1e9:,.1f} GB"
@@ -36,14 +37,6 @@ def _environment(html: bool = True) -> Environment:
     env.filters["subject"] = _subject
     env.filters["delta"] = _delta
     return env
-
-
-def _markdown_text(value) -> str:
-    """User text inside Markdown: no control characters, tables or raw HTML."""
-    from audit.cli.output import safe
-
-    text = safe(value).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
-    return text.replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
 
 
 def _subject(subject: dict) -> str:

@@ -6,45 +6,73 @@ had (10M samples x 800 jobs per host at 100k runs: billions of pairs). Both side
 therefore keyed by (host, hour): an allocation becomes one row per hour it covers, a
 sample meets only the few allocations of its hour, and the exact time test runs on those.
 Allocations are clipped to the telemetry's own span, so a job left open (no end) or one
-from years before the first sample adds no rows.
+from years before the first sample adds no rows. An allocation still longer than a year
+after clipping (no Slurm job runs that long; a bogus Start of year 1 and End of year 9999
+would mean 87 million hours) meets only the hours in which its hosts have samples, so the
+rows stay bounded by the telemetry whatever the warehouse holds.
 """
 
 from __future__ import annotations
 
 HOUR = "date_trunc('hour', {ts})"
+LONG_HOURS = 24 * 366  # beyond this an allocation is joined to sample hours, not expanded
 
 
 def sample_hour(ts: str) -> str:
     return HOUR.format(ts=ts)
 
 
+def _hours(spans: str, columns: str) -> str:
+    """Each span (``columns``, host, lo, hi, first_hour, last_moment) once per hour it
+    covers: expanded when short, joined to the host's sample hours when long."""
+    return f"""(
+        WITH spans AS ({spans}),
+        long_spans AS (
+            SELECT * FROM spans WHERE date_diff('hour', first_hour, last_moment) > {LONG_HOURS}
+        ),
+        sample_hours AS (  -- only for hosts of long spans: usually none, then not scanned
+            SELECT DISTINCT host, {sample_hour("ts")} AS hour FROM gpu_samples
+            WHERE host IN (SELECT host FROM long_spans)
+        )
+        SELECT {columns}, host, lo, hi,
+               unnest(generate_series(first_hour, last_moment, INTERVAL 1 HOUR)) AS hour
+        FROM spans WHERE date_diff('hour', first_hour, last_moment) <= {LONG_HOURS}
+        UNION ALL
+        SELECT {", ".join(f"s.{c.strip()}" for c in columns.split(","))}, s.host, s.lo, s.hi, h.hour
+        FROM long_spans s JOIN sample_hours h
+          ON h.host = s.host AND h.hour >= s.first_hour AND h.hour <= s.last_moment
+    )"""
+
+
 def allocation_hours(where: str = "TRUE") -> str:
     """Subquery: cluster, job_id, host, lo, hi, hour for each hour of each job's hosts."""
-    return f"""(
+    return _hours(
+        f"""
         SELECT j.cluster, j.job_id, n.host, j.start_time AS lo,
                coalesce(j.end_time, TIMESTAMP '9999-12-31') AS hi,
-               unnest(generate_series(
-                   date_trunc('hour', greatest(j.start_time, span.first_ts)),
-                   least(coalesce(j.end_time, span.last_ts), span.last_ts),
-                   INTERVAL 1 HOUR)) AS hour
+               date_trunc('hour', greatest(j.start_time, span.first_ts)) AS first_hour,
+               least(coalesce(j.end_time, span.last_ts), span.last_ts) AS last_moment
         FROM jobs j
         JOIN job_nodes n ON n.cluster = j.cluster AND n.job_id = j.job_id
         CROSS JOIN (SELECT min(ts) AS first_ts, max(ts) AS last_ts FROM gpu_samples) span
         WHERE {where}
-    )"""
+        """,
+        "cluster, job_id",
+    )
 
 
 def window_hours(windows: str) -> str:
     """Subquery over a registered frame of windows (key, cluster, job_id, start, "end"):
     key, host, lo, hi, hour for each hour of each window's hosts."""
-    return f"""(
+    return _hours(
+        f"""
         SELECT w.key, n.host, w.start AS lo, w."end" AS hi,
-               unnest(generate_series(
-                   date_trunc('hour', greatest(w.start, span.first_ts)),
-                   least(w."end", span.last_ts),
-                   INTERVAL 1 HOUR)) AS hour
+               date_trunc('hour', greatest(w.start, span.first_ts)) AS first_hour,
+               least(w."end", span.last_ts) AS last_moment
         FROM {windows} w
         JOIN job_nodes n ON n.cluster = w.cluster AND n.job_id = w.job_id
         CROSS JOIN (SELECT min(ts) AS first_ts, max(ts) AS last_ts FROM gpu_samples) span
         WHERE w."end" > w.start
-    )"""
+        """,
+        "key",
+    )

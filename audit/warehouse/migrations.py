@@ -282,4 +282,41 @@ CREATE TABLE run_files (
 """
 
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
+# Times every reader can represent: Python's datetime covers the years 1 to 9999, DuckDB's
+# TIMESTAMP far more. Importers before this version stored what sources said (a start time
+# in microseconds became year 58845), after which every reader of that row failed. Such
+# times are cleared; a run that had one loses its change signature, so the next import of
+# its source reads it again and, if the source still says so, refuses it with the reason.
+_OUT_OF_RANGE = "({c} < TIMESTAMP '0001-01-01' OR {c} > TIMESTAMP '9999-12-31 23:59:59.999999')"
+
+
+def _clear_out_of_range_times(table: str, columns: list[str], extra: str = "") -> str:
+    bad = " OR ".join(_OUT_OF_RANGE.format(c=c) for c in columns)
+    sets = ", ".join(
+        f"{c} = CASE WHEN {_OUT_OF_RANGE.format(c=c)} THEN NULL ELSE {c} END" for c in columns
+    )
+    return f"UPDATE {table} SET {sets}{extra} WHERE {bad};"
+
+
+V8 = "\n".join(
+    [
+        _clear_out_of_range_times(
+            "runs", ["start_time", "end_time", "deleted_time"], ", signature = NULL"
+        ),
+        _clear_out_of_range_times("experiments", ["creation_time", "last_update_time"]),
+        _clear_out_of_range_times("metrics", ["ts"]),
+        _clear_out_of_range_times("latest_metrics", ["ts"]),
+        _clear_out_of_range_times("model_versions", ["creation_time"]),
+        _clear_out_of_range_times("import_log", ["watermark"]),
+        _clear_out_of_range_times(
+            "jobs", ["submit_time", "start_time", "end_time", "eligible_time"]
+        ),
+        _clear_out_of_range_times("checkpoints", ["mtime"]),
+        _clear_out_of_range_times("findings", ["happened_at"]),
+        f"DELETE FROM gpu_samples WHERE {_OUT_OF_RANGE.format(c='ts')};",  # ts is the sample
+        # a log's cursor without its time: the next import reads the log again from the start
+        f"DELETE FROM run_files WHERE {_OUT_OF_RANGE.format(c='mtime')};",
+    ]
+)
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]

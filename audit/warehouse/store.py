@@ -70,15 +70,17 @@ class Warehouse:
         return {n: self.scalar(f'SELECT count(*) FROM "{n}"') for n in names}
 
 
-def open_warehouse(path: str | Path, read_only: bool = False) -> Warehouse:
-    """Open (creating and migrating when writable) the warehouse at ``path``.
+def open_warehouse(path: str | Path, read_only: bool = False, create: bool = True) -> Warehouse:
+    """Open (migrating when writable) the warehouse at ``path``; a writable open creates a
+    missing file when ``create`` (imports do; the CLI's other commands do not, so a
+    mistyped ``--db`` is an error, not an empty warehouse that reports $0).
 
-    A read-only open of a missing file is an error that says how to create one.
+    Opening a missing file otherwise is an error that says how to create one.
     """
     path = Path(path)
     if path.is_dir():
         raise WarehouseError(f"warehouse {path} is a directory; pass a file path with --db")
-    if read_only and not path.exists():
+    if (read_only or not create) and not path.exists():
         raise WarehouseError(
             f"no warehouse at {path}; create one with "
             "`audit ingest mlflow --tracking-uri URI` or pass --db PATH"
@@ -128,6 +130,15 @@ def _connect_waiting_for_lock(path: Path, read_only: bool) -> duckdb.DuckDBPyCon
             raise WarehouseError(
                 f"cannot open warehouse {path}: {exc}; is it a DuckDB file written by audit?"
             ) from None
+
+
+def damaged_message(path: Path, detail: str) -> str:
+    """DuckDB notices a cut-off or overwritten file only when a query reaches a block it
+    cannot read (an IOException): the CLI reports that as damage, exit 2."""
+    return (
+        f"warehouse {path} is damaged ({detail}); restore it from a backup, or import "
+        "again into a new --db"
+    )
 
 
 def _current_version(con: duckdb.DuckDBPyConnection) -> int:

@@ -24,6 +24,9 @@ from audit.importers.mlflow.filestore import FileStoreReader
 from audit.importers.mlflow.rest import RestReader, redact_url
 from audit.importers.mlflow.sqlstore import SqlStoreReader
 from audit.importers.run_store import (
+    EPOCH_MS_MAX,
+    EPOCH_MS_MIN,
+    epoch_ms_to_datetime,
     replace_experiments,
     runs_frame,
     stable_hash,
@@ -88,6 +91,7 @@ def open_reader(uri: str, config: Config | None = None) -> MlflowReader:
             max_retries=int(mlflow["http_max_retries"]),
             backoff=float(mlflow["http_backoff_seconds"]),
             page_size=int(mlflow["page_size"]),
+            max_response_bytes=int(float(mlflow["max_response_mb"]) * 2**20),
         )
     if scheme == "file":
         return FileStoreReader(Path(unquote(urlsplit(uri).path)).resolve())
@@ -126,7 +130,7 @@ def import_mlflow(
         model_versions = reader.model_versions()
         with wh.transaction() as con:
             upsert_source(con, source_id, reader.kind, reader.location, started_at)
-            replace_experiments(con, source_id, experiments)
+            replace_experiments(con, source_id, experiments, reader.location)
             con.execute("CREATE OR REPLACE TEMP TABLE audit_changed (run_id VARCHAR)")
             con.register(
                 "changed_ids", pl.DataFrame({"run_id": changed_ids}, schema={"run_id": pl.String})
@@ -139,10 +143,10 @@ def import_mlflow(
                     "AND run_id IN (SELECT run_id FROM audit_changed)",
                     [source_id],
                 )
-            insert_frame(con, "runs", runs_frame(changed, source_id, started_at))
+            insert_frame(con, "runs", runs_frame(changed, source_id, started_at, reader.location))
             progress.start(len(changed_ids))
             for batch in prefetch(reader.details(changed_ids)):
-                write_batch(con, batch, source_id)
+                write_batch(con, batch, source_id, reader.location)
                 summary.params += batch.params.height
                 summary.tags += batch.tags.height
                 summary.metric_points += batch.metrics.height
@@ -152,10 +156,9 @@ def import_mlflow(
             insert_frame(
                 con,
                 "model_versions",
-                model_versions.with_columns(
-                    source_id=pl.lit(source_id),
-                    creation_time=pl.from_epoch(pl.col("creation_time"), time_unit="ms"),
-                ),
+                epoch_ms_to_datetime(
+                    model_versions, ["creation_time"], "model", "name", reader.location
+                ).with_columns(source_id=pl.lit(source_id)),
             )
             summary.model_versions = model_versions.height
             refresh_links(con, config or load_config(None))
@@ -186,11 +189,11 @@ def _select_experiments(experiments: pl.DataFrame, names: list[str], location: s
 
 
 def _log_import(con, summary: ImportSummary, runs: pl.DataFrame, started_at: datetime) -> None:
-    watermark = (
-        runs.select(pl.max_horizontal(pl.col("start_time").max(), pl.col("end_time").max())).item()
-        if runs.height
-        else None
-    )
+    in_range = [
+        pl.col(c).filter(pl.col(c).is_between(EPOCH_MS_MIN, EPOCH_MS_MAX)).max()
+        for c in ("start_time", "end_time")
+    ]
+    watermark = runs.select(pl.max_horizontal(in_range)).item() if runs.height else None
     next_id = con.execute("SELECT coalesce(max(import_id), 0) + 1 FROM import_log").fetchall()[0][0]
     con.execute(
         "INSERT INTO import_log VALUES (?, ?, 'mlflow', ?, ?, ?, ?, ?, ?, ?, ?, ?, epoch_ms(?::BIGINT), ?)",

@@ -49,13 +49,3 @@ class MlflowReader(Protocol):
     def model_versions(self) -> pl.DataFrame: ...
 
     def close(self) -> None: ...
-
-
-def to_int(value) -> int | None:
-    """MLflow writes epoch milliseconds as numbers or strings; anything else is unknown."""
-    if value in (None, ""):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

@@ -5,25 +5,34 @@ metric histories only for new or changed runs, fetched concurrently. Transient f
 (5xx, 429, resets, timeouts, truncated bodies) are retried with exponential backoff, then
 end in ``SourceUnavailable``. Credentials come from the URI or MLflow's environment
 variables and are never part of ``location``.
+
+A server is input like any file: each request has a total deadline (a server sending one
+byte at a time cannot hold the import), an answer larger than ``[mlflow] max_response_mb``
+is refused before it fills memory, a page token that comes back again ends the paging,
+every answer is checked against the shape the API documents (``fields``), and text the
+server sends is shown with its control characters escaped.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import polars as pl
 import requests
 
 from audit.errors import InputError, SourceUnavailable
+from audit.importers.mlflow import fields
 from audit.importers.mlflow.base import (
     GIT_COMMIT_TAG,
     MODEL_VERSION_SCHEMA,
     RUN_NAME_TAG,
-    to_int,
 )
 from audit.importers.run_store import (
     DATASET_SCHEMA,
@@ -36,11 +45,23 @@ from audit.importers.run_store import (
     frame,
     stable_hash,
 )
+from audit.text import terminal_safe
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 HISTORY_PAGE = 25_000
 RUNS_PER_BATCH = 500
 HISTORY_WORKERS = 8
+DEFAULT_MAX_RESPONSE_BYTES = 512 << 20
+DEADLINE_GRACE_S = 1.0
+
+
+class _Incomplete(Exception):
+    """No whole answer within the deadline (retried like a timeout)."""
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int):
+        self.size = size
 
 
 def redact_url(uri: str) -> str:
@@ -62,6 +83,7 @@ class RestReader:
         max_retries: int = 5,
         backoff: float = 0.5,
         page_size: int = 1000,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ):
         parts = urlsplit(uri)
         if not parts.hostname:
@@ -72,6 +94,7 @@ class RestReader:
         self.max_retries = max_retries
         self.backoff = backoff
         self.page_size = page_size
+        self.max_response_bytes = max_response_bytes
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "audit-mlflow-importer"
         user = parts.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
@@ -96,31 +119,43 @@ class RestReader:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                if method == "GET":
-                    response = self.session.get(url, params=payload, timeout=self.timeout)
-                else:
-                    response = self.session.post(url, json=payload, timeout=self.timeout)
-                if response.status_code in RETRYABLE_STATUS:
-                    last_problem = f"HTTP {response.status_code}"
+                status, content = self._exchange(method, url, payload)
+                if status in RETRYABLE_STATUS:
+                    last_problem = f"HTTP {status}"
                     continue
-                body = response.json() if response.content else {}
+                body = json.loads(content) if content else {}
             except (requests.ConnectionError, requests.Timeout) as exc:
                 last_problem = type(exc).__name__
+                continue
+            except _Incomplete:
+                last_problem = f"no complete answer within {self.timeout:g} s"
                 continue
             except (requests.exceptions.ChunkedEncodingError, ValueError):
                 last_problem = "truncated or non-JSON response"
                 continue
-            if response.status_code in (401, 403):
+            except _TooLarge as exc:
                 raise SourceUnavailable(
-                    f"{self.location}: access denied (HTTP {response.status_code}); set "
+                    f"{self.location}: {endpoint} answered with more than "
+                    f"{self.max_response_bytes / 2**20:,.0f} MB ({exc.size / 2**20:,.0f} MB so "
+                    "far); refused before it fills memory (raise [mlflow] max_response_mb if "
+                    "the server is yours and the answer expected)"
+                ) from None
+            if status in (401, 403):
+                raise SourceUnavailable(
+                    f"{self.location}: access denied (HTTP {status}); set "
                     "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD"
                 )
-            if response.status_code >= 400:
+            if status >= 400:
                 code = body.get("error_code", "") if isinstance(body, dict) else ""
                 message = body.get("message", "") if isinstance(body, dict) else ""
                 raise SourceUnavailable(
-                    f"{self.location}: {endpoint} failed with HTTP {response.status_code} "
-                    f"{code}: {message[:200]}".rstrip(": ")
+                    f"{self.location}: {endpoint} failed with HTTP {status} "
+                    f"{_server_text(code, 60)}: {_server_text(message, 200)}".rstrip(": ")
+                )
+            if not isinstance(body, dict):
+                raise InputError(
+                    f"{self.location}: {endpoint} answered with {fields.describe(body)}, not "
+                    "the JSON object of the MLflow REST API; is this an MLflow server?"
                 )
             return body
         raise SourceUnavailable(
@@ -128,28 +163,98 @@ class RestReader:
             f"({last_problem}); check the server and retry the import (nothing was written)"
         )
 
+    def _exchange(self, method: str, url: str, payload: dict | None) -> tuple[int, bytes]:
+        """One request: status and body, within ``timeout`` seconds in all, at most
+        ``max_response_bytes`` of body.
+
+        The socket timeout of requests bounds each read, not the whole answer; a worker
+        thread does the exchange and is cut off at the deadline (its connection shut
+        down, so it stops reading too).
+        """
+        outcome: dict = {}
+        done = threading.Event()
+        cancelled = threading.Event()
+
+        def work() -> None:
+            try:
+                outcome["result"] = self._read_answer(method, url, payload, outcome, cancelled)
+            except BaseException as exc:  # handed to the caller
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name="audit-http", daemon=True).start()
+        # a little beyond the socket timeout, so a single stalled read still reports as one
+        if not done.wait(self.timeout + DEADLINE_GRACE_S):
+            cancelled.set()
+            response = outcome.get("response")
+            if response is not None:
+                response.raw.shutdown()  # unblocks a read in progress
+            raise _Incomplete
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+    def _read_answer(self, method, url, payload, outcome, cancelled) -> tuple[int, bytes]:
+        arguments = {"params": payload} if method == "GET" else {"json": payload}
+        response = self.session.request(method, url, timeout=self.timeout, stream=True, **arguments)
+        outcome["response"] = response
+        complete = False
+        try:
+            declared = response.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > self.max_response_bytes:
+                raise _TooLarge(int(declared))
+            body = bytearray()
+            while not cancelled.is_set():
+                # read1: what has arrived, so the loop sees the deadline between reads
+                chunk = response.raw.read1(1 << 16, decode_content=True)
+                if not chunk:
+                    break
+                body += chunk
+                if len(body) > self.max_response_bytes:
+                    raise _TooLarge(len(body))
+            if cancelled.is_set():
+                raise _Incomplete
+            complete = True
+            return response.status_code, bytes(body)
+        except (_TooLarge, _Incomplete):
+            raise
+        except Exception as exc:  # urllib3's protocol and read errors: a broken answer
+            raise requests.exceptions.ChunkedEncodingError(str(exc)) from None
+        finally:
+            if complete:
+                response.raw.release_conn()  # read to the end: the connection can be reused
+            else:
+                response.close()
+
     def _paged(self, method: str, endpoint: str, payload: dict, item_key: str) -> Iterator[dict]:
         token = None
+        seen: set[str] = set()
         while True:
             body = self.call(
                 method, endpoint, {**payload, **({"page_token": token} if token else {})}
             )
-            yield from body.get(item_key, [])
+            yield from fields.items(body.get(item_key), f"{self.location}: {endpoint}", item_key)
             token = body.get("next_page_token")
             if not token:
                 return
+            if not isinstance(token, str):
+                raise InputError(
+                    f"{self.location}: {endpoint} answered next_page_token "
+                    f"{fields.describe(token)}, not text"
+                )
+            if token in seen:
+                raise SourceUnavailable(
+                    f"{self.location}: {endpoint} returned a page token it had returned "
+                    "before; the server pages in a loop (nothing was written)"
+                )
+            seen.add(token)
 
     # -- reading ---------------------------------------------------------------------------
     def experiments(self) -> pl.DataFrame:
+        where = f"{self.location}: experiments/search"
         rows = [
-            (
-                str(e["experiment_id"]),
-                e.get("name"),
-                e.get("artifact_location"),
-                e.get("lifecycle_stage"),
-                to_int(e.get("creation_time")),
-                to_int(e.get("last_update_time")),
-            )
+            self._experiment_row(e, where)
             for e in self._paged(
                 "POST",
                 "experiments/search",
@@ -158,6 +263,20 @@ class RestReader:
             )
         ]
         return frame(rows, EXPERIMENT_SCHEMA)
+
+    def _experiment_row(self, e: dict, where: str, known_id: str | None = None) -> tuple:
+        experiment_id = fields.text(e.get("experiment_id", known_id), where, "experiment_id")
+        if not experiment_id:
+            raise InputError(f"{where}: an experiment without experiment_id")
+        where = f"{where} experiment {experiment_id}"
+        return (
+            experiment_id,
+            fields.text(e.get("name"), where, "name"),
+            fields.text(e.get("artifact_location"), where, "artifact_location"),
+            fields.text(e.get("lifecycle_stage"), where, "lifecycle_stage"),
+            fields.epoch_ms(e.get("creation_time"), where, "creation_time"),
+            fields.epoch_ms(e.get("last_update_time"), where, "last_update_time"),
+        )
 
     def runs(self, experiment_ids: list[str]) -> pl.DataFrame:
         if not experiment_ids:
@@ -170,69 +289,85 @@ class RestReader:
                 "run_view_type": "ALL",
             }
             for run in self._paged("POST", "runs/search", payload, "runs"):
-                rows.append(self._run_row(run))
+                rows.append(self._run_row(run, f"{self.location}: runs/search"))
         return frame(rows, RUN_SCHEMA)
 
-    def _run_row(self, run: dict) -> tuple:
+    def _run_row(self, run: dict, where: str) -> tuple:
         """One run of runs/search or runs/get as a RUN_SCHEMA row; keeps it for details()."""
-        info, data = run.get("info", {}), run.get("data", {})
-        run_id = info.get("run_id") or info.get("run_uuid")
-        self._search_results[run_id] = run
-        tags = {t["key"]: t.get("value") for t in data.get("tags", [])}
-        signature = stable_hash(
-            info.get("status"),
-            info.get("end_time"),
-            info.get("lifecycle_stage"),
-            info.get("run_name"),
-            sorted(tags.items()),
-            sorted((p["key"], p.get("value")) for p in data.get("params", [])),
-            sorted(
-                (m["key"], str(m.get("value")), m.get("timestamp"), m.get("step"))
-                for m in data.get("metrics", [])
-            ),
-            _dataset_rows(run_id, run),
+        info = fields.mapping(run.get("info"), where, "run info")
+        run_id = fields.text(info.get("run_id") or info.get("run_uuid"), where, "run_id")
+        if not run_id:
+            raise InputError(f"{where}: a run without run_id")
+        where = f"{where} run {run_id}"
+        data = fields.mapping(run.get("data"), where, "run data")
+        parsed = _RunDetails(
+            params=[
+                (
+                    fields.key_of(p, where, "params"),
+                    fields.text(p.get("value"), where, "param value"),
+                )
+                for p in fields.items(data.get("params"), where, "params")
+            ],
+            tags=[
+                (fields.key_of(t, where, "tags"), fields.text(t.get("value"), where, "tag value"))
+                for t in fields.items(data.get("tags"), where, "tags")
+            ],
+            metrics=[
+                _metric(m, run_id, fields.key_of(m, where, "metrics"), where)
+                for m in fields.items(data.get("metrics"), where, "metrics")
+            ],
+            datasets=_dataset_rows(run_id, run, where),
         )
-        return (
+        self._search_results[run_id] = parsed
+        tags = dict(parsed.tags)
+        row = (
             run_id,
-            str(info.get("experiment_id")),
-            info.get("run_name") or tags.get(RUN_NAME_TAG),
-            info.get("user_id"),
-            info.get("status"),
-            to_int(info.get("start_time")),
-            to_int(info.get("end_time")),
-            info.get("lifecycle_stage"),
+            fields.text(info.get("experiment_id"), where, "experiment_id"),
+            fields.text(info.get("run_name"), where, "run_name") or tags.get(RUN_NAME_TAG),
+            fields.text(info.get("user_id"), where, "user_id"),
+            fields.text(info.get("status"), where, "status"),
+            fields.epoch_ms(info.get("start_time"), where, "start_time"),
+            fields.epoch_ms(info.get("end_time"), where, "end_time"),
+            fields.text(info.get("lifecycle_stage"), where, "lifecycle_stage"),
             None,
-            info.get("artifact_uri"),
+            fields.text(info.get("artifact_uri"), where, "artifact_uri"),
             tags.get("mlflow.source.name"),
             tags.get("mlflow.source.type"),
             tags.get(GIT_COMMIT_TAG),
-            signature,
         )
+        signature = stable_hash(
+            row,
+            sorted(parsed.tags),
+            sorted(parsed.params),
+            sorted(map(repr, parsed.metrics)),
+            parsed.datasets,
+        )
+        return (*row, signature)
 
     def fetch_run(self, run_id: str) -> pl.DataFrame:
         """One run through runs/get (a RUNNING run included), ready for details()."""
-        run = self.call("GET", "runs/get", {"run_id": run_id}).get("run")
+        where = f"{self.location}: runs/get"
+        run = fields.mapping(
+            self.call("GET", "runs/get", {"run_id": run_id}).get("run"), where, "run"
+        )
         if not run:
             raise InputError(f"{self.location}: no run {run_id}")
-        return frame([self._run_row(run)], RUN_SCHEMA)
+        row = self._run_row(run, where)
+        if row[0] != run_id:
+            raise InputError(
+                f"{where}: asked for run {run_id}, the server answered with run "
+                f"{terminal_safe(row[0])}; refused"
+            )
+        return frame([row], RUN_SCHEMA)
 
     def experiment(self, experiment_id: str) -> pl.DataFrame:
-        e = self.call("GET", "experiments/get", {"experiment_id": experiment_id}).get(
-            "experiment", {}
+        where = f"{self.location}: experiments/get"
+        e = fields.mapping(
+            self.call("GET", "experiments/get", {"experiment_id": experiment_id}).get("experiment"),
+            where,
+            "experiment",
         )
-        return frame(
-            [
-                (
-                    str(e.get("experiment_id", experiment_id)),
-                    e.get("name"),
-                    e.get("artifact_location"),
-                    e.get("lifecycle_stage"),
-                    to_int(e.get("creation_time")),
-                    to_int(e.get("last_update_time")),
-                )
-            ],
-            EXPERIMENT_SCHEMA,
-        )
+        return frame([self._experiment_row(e, where, experiment_id)], EXPERIMENT_SCHEMA)
 
     def details(self, run_ids: list[str]) -> Iterator[DetailBatch]:
         with ThreadPoolExecutor(HISTORY_WORKERS) as pool:
@@ -241,23 +376,11 @@ class RestReader:
                 params, tags, latest, datasets, wanted = [], [], [], [], []
                 for run_id in chunk:
                     run = self._search_results[run_id]
-                    data = run.get("data", {})
-                    params.extend(
-                        (run_id, p["key"], p.get("value")) for p in data.get("params", [])
-                    )
-                    tags.extend((run_id, t["key"], t.get("value")) for t in data.get("tags", []))
-                    for m in data.get("metrics", []):
-                        latest.append(
-                            (
-                                run_id,
-                                m["key"],
-                                _float(m.get("value")),
-                                to_int(m.get("step")) or 0,
-                                to_int(m.get("timestamp")),
-                            )
-                        )
-                        wanted.append((run_id, m["key"]))
-                    datasets.extend(_dataset_rows(run_id, run))
+                    params.extend((run_id, k, v) for k, v in run.params)
+                    tags.extend((run_id, k, v) for k, v in run.tags)
+                    latest.extend(run.metrics)
+                    wanted.extend((run_id, m[1]) for m in run.metrics)
+                    datasets.extend(run.datasets)
                 history: list[tuple] = []
                 for points in pool.map(self._history, wanted):
                     history.extend(points)
@@ -272,14 +395,9 @@ class RestReader:
 
     def _history(self, run_and_key: tuple[str, str]) -> list[tuple]:
         run_id, key = run_and_key
+        where = f"{self.location}: metrics/get-history run {run_id} metric {key}"
         return [
-            (
-                run_id,
-                key,
-                _float(m.get("value")),
-                to_int(m.get("step")) or 0,
-                to_int(m.get("timestamp")),
-            )
+            _metric(m, run_id, key, where)
             for m in self._paged(
                 "GET",
                 "metrics/get-history",
@@ -289,46 +407,79 @@ class RestReader:
         ]
 
     def model_versions(self) -> pl.DataFrame:
-        rows = [
-            (
-                v.get("name"),
-                str(v.get("version")),
-                v.get("run_id"),
-                v.get("source"),
-                v.get("status"),
-                v.get("current_stage"),
-                to_int(v.get("creation_timestamp")),
+        where = f"{self.location}: model-versions/search"
+        rows = []
+        for v in self._paged(
+            "GET", "model-versions/search", {"max_results": 200_000}, "model_versions"
+        ):
+            name = fields.text(v.get("name"), where, "name")
+            at = f"{where} model {name}"
+            rows.append(
+                (
+                    name,
+                    fields.text(v.get("version"), at, "version"),
+                    fields.text(v.get("run_id"), at, "run_id"),
+                    fields.text(v.get("source"), at, "source"),
+                    fields.text(v.get("status"), at, "status"),
+                    fields.text(v.get("current_stage"), at, "current_stage"),
+                    fields.epoch_ms(v.get("creation_timestamp"), at, "creation_timestamp"),
+                )
             )
-            for v in self._paged(
-                "GET", "model-versions/search", {"max_results": 200_000}, "model_versions"
-            )
-        ]
         return frame(rows, MODEL_VERSION_SCHEMA)
 
 
-def _dataset_rows(run_id: str, run: dict) -> list[tuple]:
+@dataclass
+class _RunDetails:
+    """What runs/search said about a run, checked, kept for details()."""
+
+    params: list[tuple[str, str | None]]
+    tags: list[tuple[str, str | None]]
+    metrics: list[tuple]  # METRIC_SCHEMA rows: the latest values
+    datasets: list[tuple]
+
+
+def _metric(m: dict, run_id: str, key: str, where: str) -> tuple:
+    """A metric entry as a METRIC_SCHEMA row. A missing value is NaN (MLflow omits it
+    for NaN in some versions); anything else that is not a number is refused."""
+    where = f"{where} metric {key}"
+    value = m.get("value")
+    return (
+        run_id,
+        key,
+        float("nan") if value is None else fields.number(value, where, "value"),
+        fields.integer(m.get("step"), where, "step") or 0,
+        fields.epoch_ms(m.get("timestamp"), where, "timestamp"),
+    )
+
+
+def _dataset_rows(run_id: str, run: dict, where: str) -> list[tuple]:
     out = []
-    for item in (run.get("inputs") or {}).get("dataset_inputs", []):
-        dataset = item.get("dataset", {})
+    inputs = fields.mapping(run.get("inputs"), where, "inputs")
+    for item in fields.items(inputs.get("dataset_inputs"), where, "dataset_inputs"):
+        dataset = fields.mapping(item.get("dataset"), where, "dataset")
         context = next(
-            (t.get("value") for t in item.get("tags", []) if t.get("key") == "mlflow.data.context"),
+            (
+                fields.text(t.get("value"), where, "dataset input tag")
+                for t in fields.items(item.get("tags"), where, "dataset input tags")
+                if t.get("key") == "mlflow.data.context"
+            ),
             None,
         )
         out.append(
             (
                 run_id,
-                dataset.get("name"),
-                dataset.get("digest"),
-                dataset.get("source_type"),
-                dataset.get("source"),
+                *(
+                    fields.text(dataset.get(f), where, f"dataset {f}")
+                    for f in ("name", "digest", "source_type", "source")
+                ),
                 context,
             )
         )
     return out
 
 
-def _float(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("nan")
+def _server_text(value: object, limit: int) -> str:
+    """Text a server sent, for a message: one line, bounded, control characters escaped."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = " ".join(text.split())
+    return terminal_safe(text[:limit] + ("…" if len(text) > limit else ""))

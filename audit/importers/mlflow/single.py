@@ -2,7 +2,9 @@
 
 For a tracking server: ``runs/get`` plus the run's metric histories, written in one
 transaction (a RUNNING run included). For SQL and file stores: an incremental import of
-the source, which rewrites only what changed.
+the source, which rewrites only what changed. A tracking URI given by the caller wins
+over the source the run was imported from (a run imported from a copy of a store is
+refreshed from the live server named).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def tracking_reader(
 
 def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | None) -> None:
     known = _known_source(wh, run_id)
-    if known and known[0] != "http":
+    if not tracking_uri and known and known[0] != "http":
         import_mlflow(wh, known[1], config=config)  # store locations are paths or URIs already
         return
     uri = tracking_uri or (known[1] if known else None)
@@ -69,14 +71,14 @@ def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | 
         now = now_utc()
         with wh.transaction() as con:
             upsert_source(con, source_id, reader.kind, reader.location, now)
-            replace_experiments(con, source_id, experiment)
+            replace_experiments(con, source_id, experiment, reader.location)
             for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
                 con.execute(
                     f"DELETE FROM {table} WHERE source_id = ? AND run_id = ?", [source_id, run_id]
                 )
-            insert_frame(con, "runs", runs_frame(run, source_id, now))
+            insert_frame(con, "runs", runs_frame(run, source_id, now, reader.location))
             for batch in batches:
-                write_batch(con, batch, source_id)
+                write_batch(con, batch, source_id, reader.location)
             update_search_tables(con, source_id, [run_id])
     finally:
         reader.close()

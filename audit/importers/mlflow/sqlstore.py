@@ -59,6 +59,27 @@ _SIGNATURE_PARTS = {
 }
 
 
+# MLflow before 1.9 (2019) has no latest_metrics table: its history stands in for it.
+_SIGNATURE_WITHOUT_LATEST = _SIGNATURE_PARTS["m"][0].replace("FROM latest_metrics", "FROM metrics")
+# What every MLflow tracking database since the first has; without one it is not a store.
+REQUIRED_TABLES = ("experiments", "runs", "params", "tags", "metrics")
+# Names of rows in messages: "<location>: <label> <first column of the row>: <problem>"
+_LABELS = {
+    "experiments": "experiment",
+    "runs": "run",
+    "special_tags": "tag of run",
+    "p": "param of run",
+    "t": "tag of run",
+    "m": "metric of run",
+    "params": "param of run",
+    "tags": "tag of run",
+    "metrics": "metric of run",
+    "latest_metrics": "latest metric of run",
+    "datasets": "dataset input of run",
+    "model_versions": "model version",
+}
+
+
 def _signatures(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
     joined = None
     for name in _SIGNATURE_PARTS:
@@ -91,6 +112,12 @@ class SqlStoreReader:
             if "runs" not in self._columns or "experiments" not in self._columns:
                 raise InputError(
                     f"{location}: not an MLflow tracking database (no runs/experiments tables)"
+                )
+            missing = [t for t in REQUIRED_TABLES if t not in self._columns]
+            if missing:
+                raise InputError(
+                    f"{location}: damaged MLflow tracking database: no {', '.join(missing)} "
+                    "table (every MLflow version has one); restore it from a backup"
                 )
         except InputError:
             self.close()
@@ -174,15 +201,17 @@ class SqlStoreReader:
     def _col(self, table: str, column: str) -> str:
         return column if column in self._columns.get(table, set()) else "NULL"
 
-    def _frame(self, sql: str, schema: dict) -> pl.DataFrame:
+    def _frame(self, sql: str, schema: dict, label: str) -> pl.DataFrame:
         def run() -> pl.DataFrame:
             self.cur.execute(sql)
-            return _typed(pl.from_arrow(self.cur.fetch_arrow_table()), schema)
+            return self._typed(self.cur.fetch_arrow_table(), schema, label)
 
         return self._guard(run)
 
-    def _frames(self, sql: str, schema: dict) -> Iterator[pl.DataFrame]:
+    def _frames(self, sql: str, schema: dict, label: str) -> Iterator[pl.DataFrame]:
         """The result in frames of about ``ROWS_PER_BATCH`` rows, never all at once."""
+        import pyarrow as pa
+
         try:
             self.cur.execute(sql)
             pending, rows = [], 0
@@ -190,12 +219,22 @@ class SqlStoreReader:
                 pending.append(batch)
                 rows += batch.num_rows
                 if rows >= ROWS_PER_BATCH:
-                    yield _typed(pl.from_arrow(pending), schema)
+                    yield self._typed(pa.Table.from_batches(pending), schema, label)
                     pending, rows = [], 0
             if pending:
-                yield _typed(pl.from_arrow(pending), schema)
+                yield self._typed(pa.Table.from_batches(pending), schema, label)
         except self._errors as exc:
             raise InputError(f"{self.location}: cannot read ({_first_line(exc)})") from None
+
+    def _typed(self, table, schema: dict, label: str) -> pl.DataFrame:
+        """An Arrow result as a frame of the reader contract, every value checked.
+
+        Columns are named by position (a missing column selected as NULL twice would
+        otherwise collide). SQLite keeps whatever a writer put in a column: invalid UTF-8
+        in text (which polars would crash on), a BLOB or text where a number belongs, a
+        REAL beyond int64. Any of these is an ``InputError`` naming the row and column.
+        """
+        return checked_frame(table, schema, f"{self.location}: {_LABELS.get(label, label)}")
 
     # -- reading ---------------------------------------------------------------------------
     def experiments(self) -> pl.DataFrame:
@@ -204,6 +243,7 @@ class SqlStoreReader:
             f"SELECT CAST(experiment_id AS VARCHAR(64)), name, artifact_location, lifecycle_stage, "
             f"{c('creation_time')}, {c('last_update_time')} FROM experiments",
             EXPERIMENT_SCHEMA,
+            "experiments",
         )
 
     def runs(self, experiment_ids: list[str]) -> pl.DataFrame:
@@ -226,6 +266,8 @@ class SqlStoreReader:
                 for name, (sql, columns) in _SIGNATURE_PARTS.items()
             },
         }
+        if "latest_metrics" not in self._columns:
+            queries["m"] = (_SIGNATURE_WITHOUT_LATEST, queries["m"][1])
         frames = self._parallel_frames(queries)
         runs, special_tags = frames["runs"], frames["special_tags"]
         self._total_runs = runs.height
@@ -259,7 +301,10 @@ class SqlStoreReader:
                 source_commit=pl.when(pl.col("source_commit").fill_null("") != "")
                 .then(pl.col("source_commit"))
                 .otherwise(pl.col("tag_commit")),
-                name=pl.coalesce(pl.col("name"), pl.col("tag_name")),
+                # MLflow before 1.x wrote '' in runs.name and the name in a tag
+                name=pl.coalesce(
+                    pl.when(pl.col("name") != "").then(pl.col("name")), pl.col("tag_name")
+                ),
             )
         )
         if experiment_ids:
@@ -275,7 +320,7 @@ class SqlStoreReader:
             try:
                 cur = con.cursor()
                 self._guard(cur.execute, sql)
-                return _typed(pl.from_arrow(self._guard(cur.fetch_arrow_table)), schema)
+                return self._typed(self._guard(cur.fetch_arrow_table), schema, name)
             finally:
                 con.close()
 
@@ -347,7 +392,7 @@ class SqlStoreReader:
         )
         queries = self._queries(restrict=False)
         small = {
-            name: keep(self._frame(*queries[name]))
+            name: keep(self._frame(*queries[name], name))
             for name in ("params", "tags", "latest_metrics", "datasets")
             if name in queries
         }
@@ -362,7 +407,7 @@ class SqlStoreReader:
         yield first
         reported = 0
         seen_points = 0
-        for metrics in self._frames(*queries["metrics"]):
+        for metrics in self._frames(*queries["metrics"], "metrics"):
             seen_points += metrics.height
             done = min(len(run_ids), int(len(run_ids) * seen_points / max(expected_points, 1)))
             yield DetailBatch(
@@ -396,7 +441,9 @@ class SqlStoreReader:
                 f"INSERT INTO audit_wanted VALUES ({self._ph})",
                 [(r,) for r in chunk],
             )
-            frames = {name: self._frame(sql, schema) for name, (sql, schema) in queries.items()}
+            frames = {
+                name: self._frame(sql, schema, name) for name, (sql, schema) in queries.items()
+            }
             yield DetailBatch(
                 run_count=len(chunk),
                 params=frames["params"],
@@ -414,16 +461,100 @@ class SqlStoreReader:
             f"SELECT name, CAST(version AS VARCHAR(32)), {c('run_id')}, {c('source')}, {c('status')}, "
             f"{c('current_stage')}, {c('creation_time')} FROM model_versions",
             MODEL_VERSION_SCHEMA,
+            "model_versions",
         )
 
 
 _EMPTY_METRICS = pl.DataFrame(schema=METRIC_SCHEMA)
 
 
-def _typed(frame: pl.DataFrame, schema: dict) -> pl.DataFrame:
-    """Name columns by position and cast to the reader contract (empty results carry no types)."""
-    frame = frame.rename(dict(zip(frame.columns, schema, strict=True)))
-    return frame.cast(schema, strict=False) if frame.height else pl.DataFrame(schema=schema)
+def checked_frame(table, schema: dict, where: str) -> pl.DataFrame:
+    """Arrow ``table`` as a frame of ``schema`` (columns by position), or an ``InputError``
+    ``"<where> <first column of the bad row>: <column> <problem>"``."""
+    import pyarrow as pa
+
+    if table.num_rows == 0:
+        return pl.DataFrame(schema=schema)
+    table = table.rename_columns(list(schema))
+    ids = table.column(0)
+    columns = {}
+    for index, (name, target) in enumerate(schema.items()):
+        column = table.column(index)
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            if target != pl.String:
+                _require_numbers(column, ids, name, where)
+            column = _decoded(column, ids, name, where)
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                _raise_invalid_utf8(column.cast(pa.binary()), ids, name, where)
+        columns[name] = column
+    frame = pl.from_arrow(pa.table(columns))
+    for name, target in schema.items():
+        values = frame[name]
+        if values.dtype == target:
+            continue
+        cast = values.cast(target, strict=False)
+        lost = values.is_not_null() & cast.is_null()
+        if lost.any():
+            row = int(lost.arg_max())
+            kind = "a whole number in the 64-bit range" if target == pl.Int64 else "a number"
+            raise InputError(f"{where} {_row_id(ids, row)}: {name} {values[row]!r} is not {kind}")
+        frame = frame.with_columns(cast.alias(name))
+    return frame
+
+
+def _decoded(column, ids, name: str, where: str):
+    import pyarrow as pa
+
+    try:
+        return column.cast(pa.string())
+    except pa.ArrowInvalid:
+        _raise_invalid_utf8(column, ids, name, where)
+
+
+def _raise_invalid_utf8(binary_column, ids, name: str, where: str) -> None:
+    for row, value in enumerate(binary_column.to_pylist()):
+        if value is None:
+            continue
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(
+                f"{where} {_row_id(ids, row)}: {name} is not valid UTF-8 ({_bytes(value)}); "
+                "correct the value in the store"
+            ) from None
+    raise InputError(f"{where}: {name} holds invalid UTF-8")
+
+
+def _require_numbers(binary_column, ids, name: str, where: str) -> None:
+    """A column SQLite handed over as bytes (a BLOB among its values) where numbers belong."""
+    for row, value in enumerate(binary_column.to_pylist()):
+        if value is None:
+            continue
+        try:
+            float(value.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            raise InputError(
+                f"{where} {_row_id(ids, row)}: {name} is binary data ({_bytes(value)}), "
+                "not a number"
+            ) from None
+
+
+def _row_id(ids, row: int) -> str:
+    try:
+        value = ids[row].as_py()
+    except UnicodeDecodeError:  # the id itself is the invalid text
+        return "(id not valid UTF-8)"
+    if isinstance(value, bytes):
+        return _bytes(value)
+    return str(value)
+
+
+def _bytes(value: bytes) -> str:
+    shown = repr(value[:40])
+    return shown if len(value) <= 40 else shown[:-1] + "...'"
 
 
 _DRIVER_PREFIX = re.compile(r"^(?:[A-Z_]+: )?(?:\[\w+\] )?(?:Failed to prepare query: )?")
