@@ -1,7 +1,9 @@
 """Reading a running MLflow tracking server through its documented REST API.
 
 Runs come from ``runs/search`` with large pages (params, tags and latest metrics included);
-metric histories only for new or changed runs, fetched concurrently. Transient failures
+metric histories only for new or changed runs, fetched concurrently: a hundred runs' history
+of one metric per request through the server's bulk endpoint (the one MLflow's own UI
+uses), one run at a time through ``metrics/get-history`` where a server does not offer it. Transient failures
 (5xx, 429, resets, timeouts, truncated bodies) are retried with exponential backoff, then
 end in ``SourceUnavailable``. Credentials come from the URI or MLflow's environment
 variables and are never part of ``location``.
@@ -49,6 +51,10 @@ from audit.text import terminal_safe
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 HISTORY_PAGE = 25_000
+# MLflow's limits for metrics/get-history-bulk: run ids per request, points per answer (an
+# answer that reaches it may have been cut, so its runs are asked again in halves).
+BULK_RUNS = 100
+BULK_POINTS = 25_000
 RUNS_PER_BATCH = 500
 HISTORY_WORKERS = 8
 DEFAULT_MAX_RESPONSE_BYTES = 512 << 20
@@ -57,6 +63,10 @@ DEADLINE_GRACE_S = 1.0
 
 class _Incomplete(Exception):
     """No whole answer within the deadline (retried like a timeout)."""
+
+
+class _NotServed(Exception):
+    """The server does not offer an optional endpoint (HTTP 404)."""
 
 
 class _TooLarge(Exception):
@@ -107,13 +117,19 @@ class RestReader:
         if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
             self.session.verify = False
         self._search_results: dict[str, dict] = {}
+        self._bulk_history = True  # until the server answers 404 for it
 
     def close(self) -> None:
         self.session.close()
 
     # -- transport -------------------------------------------------------------------------
-    def call(self, method: str, endpoint: str, payload: dict | None = None) -> dict:
-        url = f"{self.base}/api/2.0/mlflow/{endpoint}"
+    def call(
+        self, method: str, endpoint: str, payload: dict | None = None, optional: bool = False
+    ) -> dict:
+        """One API call, retried; ``optional`` endpoints (the UI's ``ajax-api``) raise
+        ``_NotServed`` when the server answers 404."""
+        api = "ajax-api" if optional else "api"
+        url = f"{self.base}/{api}/2.0/mlflow/{endpoint}"
         last_problem = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -145,6 +161,8 @@ class RestReader:
                     f"{self.location}: access denied (HTTP {status}); set "
                     "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD"
                 )
+            if status == 404 and optional:
+                raise _NotServed
             if status >= 400:
                 code = body.get("error_code", "") if isinstance(body, dict) else ""
                 message = body.get("message", "") if isinstance(body, dict) else ""
@@ -381,8 +399,16 @@ class RestReader:
                     latest.extend(run.metrics)
                     wanted.extend((run_id, m[1]) for m in run.metrics)
                     datasets.extend(run.datasets)
+                runs_by_key: dict[str, list[str]] = {}
+                for run_id, key in wanted:
+                    runs_by_key.setdefault(key, []).append(run_id)
+                requests_ = [
+                    (key, ids[i : i + BULK_RUNS])
+                    for key, ids in sorted(runs_by_key.items())
+                    for i in range(0, len(ids), BULK_RUNS)
+                ]
                 history: list[tuple] = []
-                for points in pool.map(self._history, wanted):
+                for points in pool.map(self._histories, requests_):
                     history.extend(points)
                 yield DetailBatch(
                     run_count=len(chunk),
@@ -392,6 +418,40 @@ class RestReader:
                     latest_metrics=frame(latest, METRIC_SCHEMA),
                     datasets=frame(datasets, DATASET_SCHEMA),
                 )
+
+    def _histories(self, key_and_runs: tuple[str, list[str]]) -> list[tuple]:
+        """The whole history of one metric of several runs."""
+        key, run_ids = key_and_runs
+        if not self._bulk_history:
+            return [p for run_id in run_ids for p in self._history((run_id, key))]
+        where = f"{self.location}: metrics/get-history-bulk metric {key}"
+        try:
+            body = self.call(
+                "GET",
+                "metrics/get-history-bulk",
+                {"run_id": run_ids, "metric_key": key, "max_results": BULK_POINTS},
+                optional=True,
+            )
+        except _NotServed:
+            self._bulk_history = False
+            return [p for run_id in run_ids for p in self._history((run_id, key))]
+        entries = fields.items(body.get("metrics"), where, "metrics")
+        if len(entries) >= BULK_POINTS:  # perhaps cut at the limit: ask again in halves
+            if len(run_ids) == 1:
+                return self._history((run_ids[0], key))
+            half = len(run_ids) // 2
+            return self._histories((key, run_ids[:half])) + self._histories((key, run_ids[half:]))
+        asked = set(run_ids)
+        points = []
+        for entry in entries:
+            run_id = fields.text(entry.get("run_id"), where, "run_id")
+            if run_id not in asked or entry.get("key", key) != key:
+                raise InputError(
+                    f"{where}: answered with a point of run {_server_text(str(run_id), 40)} "
+                    f"metric {_server_text(str(entry.get('key')), 60)}, which was not asked for"
+                )
+            points.append(_metric(entry, run_id, key, where))
+        return points
 
     def _history(self, run_and_key: tuple[str, str]) -> list[tuple]:
         run_id, key = run_and_key
