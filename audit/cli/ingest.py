@@ -73,7 +73,9 @@ def _report_skipped(summary) -> None:
     for message in summary.skipped[:20]:
         click.echo(f"skipped: {message}", err=True)
     if len(summary.skipped) > 20:
-        click.echo(f"skipped: ... {len(summary.skipped) - 20} more bad lines", err=True)
+        click.echo(
+            f"skipped: ... {len(summary.skipped) - 20} more {summary.skipped_unit}", err=True
+        )
 
 
 skip_bad_option = click.option(
@@ -172,7 +174,7 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
 def ingest_checkpoints(app: AppContext, roots) -> None:
     """Inventory checkpoint folders (HF Trainer, Lightning, loose weight files).
 
-    Symlinks are not followed. Each checkpoint is linked to its run through the run's
+    Symlinks are not followed; an unreadable folder is skipped and named. Each checkpoint is linked to its run through the run's
     output_dir param, a run id in the path, or the run's local artifact URI. A rescan of
     a root replaces its inventory.
 
@@ -185,4 +187,29 @@ def ingest_checkpoints(app: AppContext, roots) -> None:
     config = app.config
     with app.warehouse() as wh:
         summary = import_checkpoints(wh, _paths(roots), config)
+    _report_skipped(summary)
     click.echo(summary.line())
+
+
+@ingest.command("links")
+@pass_app
+def ingest_links(app: AppContext) -> None:
+    """Recompute the run/job/checkpoint links with this configuration's [links] settings.
+
+    Imports keep the links earlier imports made: one whose [links] settings would lose
+    some (say, run without the --config that maps cluster paths) is refused. Run this
+    when the new settings are what you want; it prints how the coverage changed.
+
+    \b
+    Example:
+      audit --config audit.toml ingest links
+    """
+    from audit.importers.links import relink
+
+    with app.warehouse() as wh:
+        changes = relink(wh, app.config)
+    click.echo(
+        f"links recomputed: checkpoints with a run {changes.checkpoints_before} -> "
+        f"{changes.checkpoints_after}, runs with a Slurm job {changes.runs_with_jobs_before} -> "
+        f"{changes.runs_with_jobs_after}"
+    )
