@@ -33,9 +33,10 @@ class FileImportSummary:
     skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     detail: str = ""
+    skipped_unit: str = "bad lines"
 
     def line(self) -> str:
-        skipped = f", skipped {len(self.skipped)} bad lines" if self.skipped else ""
+        skipped = f", skipped {len(self.skipped)} {self.skipped_unit}" if self.skipped else ""
         return (
             f"imported {self.rows_written:,} {self.detail} from {self.files} file(s) "
             f"({self.rows_read:,} lines read{skipped}) in {self.seconds:.2f} s"
@@ -223,8 +224,13 @@ class _SampleBatch:
 
 def import_checkpoints(wh: Warehouse, roots: list[Path], config: Config) -> FileImportSummary:
     started = time.monotonic()
-    summary = FileImportSummary(kind="checkpoints", files=len(roots), detail="checkpoints")
-    found = scan_roots(roots)
+    summary = FileImportSummary(
+        kind="checkpoints",
+        files=len(roots),
+        detail="checkpoints",
+        skipped_unit="unreadable entries",
+    )
+    found = scan_roots(roots, summary.skipped)
     summary.rows_read = found.height
     summary.rows_written = found.height
     with wh.transaction() as con:
@@ -241,7 +247,7 @@ def import_checkpoints(wh: Warehouse, roots: list[Path], config: Config) -> File
                 str(root.resolve()),
                 found.height,
                 found.height,
-                0,
+                len(summary.skipped),
                 summary.seconds,
             )
     return summary
