@@ -15,7 +15,15 @@ import duckdb
 import requests
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "realdata"
+# ../shared/realdata next to the project; a git worktree one level deeper finds it too
+SHARED = next(
+    (
+        p / "shared" / "realdata"
+        for p in (REPO.parent, REPO.parent.parent)
+        if (p / "shared" / "realdata").is_dir()
+    ),
+    REPO.parent / "shared" / "realdata",
+)
 
 
 def free_port() -> int:
