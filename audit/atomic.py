@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from audit.errors import InputError
@@ -32,16 +32,26 @@ def write_text(path: Path, text: str) -> None:
 def write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically; a symlink is followed to its target."""
     target = _target(path)
-    with _temporary_file(target) as (handle, temporary):
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
+    temporary = Path(name)
+    try:
         try:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        except OSError as exc:
-            raise _write_error(path, exc) from None
-        handle.close()
+            view = memoryview(data)
+            while view:  # unbuffered: nothing is left to fail at close
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         _set_mode(temporary, target)
         os.replace(temporary, target)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
     _sync_folder(target.parent)
 
 
@@ -68,6 +78,9 @@ def build_folder(path: Path, build: Callable[[Path], None]) -> None:
     _sync_folder(path.parent)
 
 
+TORN_MARK = {"status": "torn", "note": "the line above was cut short by a kill; it is ignored"}
+
+
 class AppendOnlyLog:
     """A JSON-lines file that only grows; each record reaches the disk before ``append`` returns."""
 
@@ -77,7 +90,9 @@ class AppendOnlyLog:
             self._handle = open(path, "ab")  # noqa: SIM115 - closed in close()
             size = self._handle.seek(0, os.SEEK_END)
             if size and _last_byte(path) != b"\n":
-                self._write(b"\n")  # a record torn by a kill ends here; the next starts clean
+                # a record torn by a kill ends here, marked as such; the next starts clean
+                self._write(b"\n")
+                self.append(TORN_MARK)
         except OSError as exc:
             raise _write_error(path, exc, appending=True) from None
 
@@ -103,33 +118,44 @@ class AppendOnlyLog:
 
 
 def read_log(path: Path) -> list[dict]:
-    """The records of an :class:`AppendOnlyLog`; a torn last line is skipped, a damaged
-    line elsewhere is an error (the log cannot be trusted)."""
+    """The records of an :class:`AppendOnlyLog`. A torn line (the last one, or one the
+    next append marked as torn) is skipped; a damaged line elsewhere is an error: the log
+    cannot be trusted."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    lines = data.split(b"\n")
+    lines = [line for line in data.split(b"\n") if line.strip()]
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, line in enumerate(lines):
         try:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not an object")
         except ValueError:
-            torn = number == len(lines) or all(not rest.strip() for rest in lines[number:])
-            if torn:
+            following = lines[number + 1] if number + 1 < len(lines) else None
+            if following is None or _is_torn_mark(following):
                 continue
             raise InputError(
-                f"{path}:{number}: not a manifest record; the manifest was edited or damaged "
-                "(move it aside to start a new one)"
+                f"{path}:{_line_number(data, line)}: not a manifest record; the manifest was "
+                "edited or damaged (move it aside to start a new one)"
             ) from None
-        records.append(record)
+        if record != TORN_MARK:
+            records.append(record)
     return records
+
+
+def _is_torn_mark(line: bytes) -> bool:
+    try:
+        return json.loads(line) == TORN_MARK
+    except ValueError:
+        return False
+
+
+def _line_number(data: bytes, line: bytes) -> int:
+    return data[: data.index(line)].count(b"\n") + 1
 
 
 def _target(path: Path) -> Path:
@@ -141,22 +167,6 @@ def _target(path: Path) -> Path:
     if not path.parent.is_dir():
         raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
     return path
-
-
-@contextlib.contextmanager
-def _temporary_file(target: Path) -> Iterator[tuple]:
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise _write_error(target, exc) from None
-    temporary = Path(name)
-    handle = os.fdopen(fd, "wb")
-    try:
-        yield handle, temporary
-    finally:
-        handle.close()
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
 
 
 def _set_mode(temporary: Path, target: Path) -> None:

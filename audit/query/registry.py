@@ -489,10 +489,15 @@ class Registry:
                     counts[table] = count
                     if count == 0:
                         continue
-                    wh.con.execute(
-                        f"COPY (SELECT * FROM {table}) TO '{_sql_path(target / table)}' "
-                        f"(FORMAT parquet, PARTITION_BY ({partition}))"
-                    )
+                    try:
+                        wh.con.execute(
+                            f"COPY (SELECT * FROM {table}) TO '{_sql_path(target / table)}' "
+                            f"(FORMAT parquet, PARTITION_BY ({partition}))"
+                        )
+                    except duckdb.Error as exc:
+                        raise InputError(
+                            f"cannot write {folder}: {_first_line(exc)}; nothing was exported"
+                        ) from None
 
         atomic.build_folder(folder, build)
         return counts
