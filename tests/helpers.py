@@ -26,6 +26,14 @@ SHARED = next(
 )
 
 
+def property_examples(replay: int, explore: int) -> int:
+    """Examples of a property test: few in `make test` (the replay profile), many in
+    `make fuzz` (explore); AUDIT_PROPERTY_EXAMPLES overrides both."""
+    if os.environ.get("AUDIT_PROPERTY_EXAMPLES"):
+        return int(os.environ["AUDIT_PROPERTY_EXAMPLES"])
+    return explore if os.environ.get("AUDIT_HYPOTHESIS") == "explore" else replay
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -201,7 +201,7 @@ def test_prune_plan_then_apply(prune_tree, run_cli):
         ("checkpoint-400", "started"),
         ("checkpoint-400", "deleted"),
     ]
-    assert [["escape.bin", "l"]] == [f[:2] for f in manifest[1]["files"] if f[0] == "escape.bin"]
+    assert [f[:2] for f in manifest[1]["files"] if f[0] == "escape.bin"] == [["escape.bin", "l"]]
     con = duckdb.connect(str(db), read_only=True)
     freed = con.execute("SELECT sum(bytes) FROM prune_log WHERE status = 'deleted'").fetchall()[0][
         0
