@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.cli import cli
+from tests.helpers import property_examples
 
 
 def _chattr_works() -> bool:
@@ -80,7 +81,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 
 @settings(
-    max_examples=int(os.environ.get("AUDIT_PRUNE_EXAMPLES", "8")),
+    max_examples=property_examples(replay=8, explore=200),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

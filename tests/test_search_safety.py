@@ -28,7 +28,7 @@ from audit.query.filter import (
     MAX_VALUES,
     FilterError,
 )
-from tests.helpers import REPO
+from tests.helpers import REPO, property_examples
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_the_search_connection_cannot_read_files_or_load_extensions(demo_db, sec
 QUOTES_AND_COMMENTS = ['"', "'", "`", "--", "/*", "*/", ";", "\n", "\\", "$$", "[", "]", "\r", "#"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=property_examples(replay=200, explore=5000), deadline=None)
 @given(
     name=st.lists(
         st.one_of(st.sampled_from(QUOTES_AND_COMMENTS), st.text(max_size=3)), max_size=8

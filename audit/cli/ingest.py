@@ -174,9 +174,9 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
 def ingest_checkpoints(app: AppContext, roots) -> None:
     """Inventory checkpoint folders (HF Trainer, Lightning, loose weight files).
 
-    Symlinks are not followed; an unreadable folder is skipped and named. Each checkpoint is linked to its run through the run's
-    output_dir param, a run id in the path, or the run's local artifact URI. A rescan of
-    a root replaces its inventory.
+    Symlinks are not followed; an unreadable folder is skipped and named. Each checkpoint
+    is linked to its run through the run's output_dir param, a run id in the path, or the
+    run's local artifact URI. A rescan of a root replaces its inventory.
 
     \b
     Example:
@@ -202,7 +202,8 @@ def ingest_links(app: AppContext) -> None:
 
     \b
     Example:
-      audit --config audit.toml ingest links
+      audit ingest links                         # with ./audit.toml
+      AUDIT_CONFIG=/etc/audit/team.toml audit ingest links
     """
     from audit.importers.links import relink
 
