@@ -55,10 +55,10 @@ def warehouse_checkpoints(con, config: Config) -> list[dict]:
     return rows
 
 
-def orphan_explainer(ctx: RuleContext):
+def orphan_explainer(con):
     """``why(run_dir)``: why no run claims the checkpoints of a folder, with the likely fix."""
     by_name: dict[str, list[tuple]] = defaultdict(list)
-    for value, name, run_id in ctx.con.execute(
+    for value, name, run_id in con.execute(
         "SELECT p.value, r.name, r.run_id FROM params p JOIN runs r USING (source_id, run_id) "
         "WHERE p.key = 'output_dir' ORDER BY r.name, r.run_id"
     ).fetchall():

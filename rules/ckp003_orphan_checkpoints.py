@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from audit.engine import Rule, RuleContext, Severity, Threshold
 
-from ._checkpoints import checkpoint_rows, gb, orphan_explainer, storage_formula
+from ._checkpoints import checkpoint_rows, gb, storage_formula
 
 
 class OrphanCheckpoints(Rule):
@@ -11,8 +11,6 @@ class OrphanCheckpoints(Rule):
     What it detects:
     Checkpoints under the ingested roots that link to no run (no run's `output_dir`
     contains them, no run id in the path, no artifact URI), grouped by training folder.
-    Each is listed with why no run claims it; those `audit prune --include-orphans` may
-    delete (all but the folder's best, last and registered ones) are listed as reclaimable.
 
     Why it is waste:
     Nobody can say which experiment produced them or whether its result matters, so they
@@ -47,7 +45,6 @@ class OrphanCheckpoints(Rule):
         for row in checkpoint_rows(ctx):
             if not row["run_id"]:
                 by_dir.setdefault(row["run_dir"], []).append(row)
-        why = orphan_explainer(ctx)
         for run_dir, checkpoints in sorted(by_dir.items()):
             total = sum(c["bytes"] for c in checkpoints)
             if gb(total) < ctx.thresholds["min_gb"]:
@@ -63,17 +60,6 @@ class OrphanCheckpoints(Rule):
                     "checkpoints": [
                         {"path": c["path"], "bytes": c["bytes"], "mtime": c["mtime"]}
                         for c in checkpoints
-                    ],
-                    "why_orphan": why(run_dir),
-                    "reclaimable": [
-                        {"path": c["path"], "bytes": c["bytes"], "why": why(run_dir)}
-                        for c in checkpoints
-                        if not c["protected"]
-                    ],
-                    "kept": [
-                        {"path": c["path"], "why": c["protected"]}
-                        for c in checkpoints
-                        if c["protected"]
                     ],
                     "formula": storage_formula(total, ctx.storage_price),
                 },

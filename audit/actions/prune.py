@@ -46,7 +46,7 @@ from audit.config import Config
 from audit.engine import run_rules, select_rules
 from audit.errors import InputError
 from audit.importers.checkpoints import best_candidates, checkpoint_entry, read_trainer_state
-from audit.rules._checkpoints import last_of_groups, warehouse_checkpoints
+from audit.rules._checkpoints import last_of_groups, orphan_explainer, warehouse_checkpoints
 from audit.warehouse import open_warehouse
 
 PLAN_VERSION = 1
@@ -223,15 +223,23 @@ def make_plan(db: Path, config: Config, include_orphans: bool = False) -> dict:
     with open_warehouse(db, read_only=True) as wh:
         results = run_rules(wh.con, config, select_rules("CKP", None))
         inventory = Inventory.load(wh.con, config)
+        why_orphan = orphan_explainer(wh.con)
     skipped = [f"{r.rule}: {r.reason}" for r in results if r.status != "ok"]
     entries, refused, seen = [], [], set()
     orphans_left_out = 0
     for result in results:
         for finding in result.findings:
             items = finding.evidence.get("reclaimable") or []
-            if finding.rule == ORPHAN_RULE and not include_orphans:
-                orphans_left_out += len(items)
-                continue
+            if finding.rule == ORPHAN_RULE:
+                # CKP003 lists a folder's orphans, best and last included: never planned
+                items = [
+                    {**item, "why": why_orphan(finding.subject.get("run_dir") or "")}
+                    for item in finding.evidence.get("checkpoints") or []
+                    if not inventory.rows.get(item["path"], {}).get("protected")
+                ]
+                if not include_orphans:
+                    orphans_left_out += len(items)
+                    continue
             for item in items:
                 path = item["path"]
                 if path in seen:
