@@ -134,7 +134,7 @@ def read_log(path: Path) -> list[dict]:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not an object")
-        except ValueError:
+        except (ValueError, RecursionError):
             following = lines[number + 1] if number + 1 < len(lines) else None
             if following is None or _is_torn_mark(following):
                 continue
@@ -150,7 +150,7 @@ def read_log(path: Path) -> list[dict]:
 def _is_torn_mark(line: bytes) -> bool:
     try:
         return json.loads(line) == TORN_MARK
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 

@@ -128,6 +128,8 @@ class RegisteredSources:
         for (source,) in con.execute(
             "SELECT DISTINCT source FROM model_versions WHERE source IS NOT NULL"
         ).fetchall():
+            if "\0" in source:
+                continue  # no file has that name
             local = settings.local_path(source)
             if not local.startswith("/"):
                 continue  # runs:/, models:/, s3:// ...: not a file here

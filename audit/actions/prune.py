@@ -396,8 +396,9 @@ def _apply_one(
     path = entry["path"]
     outcome = {
         "path": path,
-        "rule": entry.get("rule"),
-        "run_id": entry.get("run_id"),
+        # a hand-edited plan may put anything there: only text reaches the warehouse
+        "rule": _text(entry.get("rule")),
+        "run_id": _text(entry.get("run_id")),
         "freed_bytes": 0,
     }
 
@@ -472,6 +473,10 @@ def _apply_one(
     if finishing:
         done["reason"] = "finished an entry an earlier apply was stopped while deleting"
     return done
+
+
+def _text(value: object) -> str | None:
+    return value[:200] if isinstance(value, str) else None
 
 
 def _not_recorded(files: list[list], recorded: object) -> list[str]:
