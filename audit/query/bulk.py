@@ -19,8 +19,15 @@ import bisect
 import numpy as np
 import polars as pl
 
-from audit.query.filter import Columns, Comparison, Field, Leaf, LeafPlanner, ParsedFilter
-from audit.query.filter import merge_equalities as _merge_equalities
+from audit.query.filter import (
+    Columns,
+    Comparison,
+    Field,
+    Leaf,
+    LeafPlanner,
+    ParsedFilter,
+    merge_equalities,
+)
 
 SQL_LEAVES = 200
 
@@ -140,7 +147,7 @@ class BulkEvaluator:
             return ~self.node(tree[1])
         if kind == "cmp":
             return self.comparison(tree[1])
-        children = _merge_equalities(tree[1]) if kind == "or" else tree[1]
+        children = merge_equalities(tree[1]) if kind == "or" else tree[1]
         result = self.node(children[0])
         for child in children[1:]:
             result = (result | self.node(child)) if kind == "or" else (result & self.node(child))

@@ -432,7 +432,6 @@ def attribute_columns(key: str) -> Columns:
 class Compiled:
     sql: str
     params: list = field(default_factory=list)
-    keys: list[tuple[str, str]] = field(default_factory=list)  # (entity, key) referenced
 
 
 @dataclass(frozen=True)
@@ -556,13 +555,12 @@ def count_leaves(tree: tuple | None) -> int:
 
 def compile_where(parsed: ParsedFilter, columns: dict[Field, Columns | None]) -> Compiled:
     """The SQL condition of ``parsed``; ``columns[f]`` is None for a field no run has."""
-    keys = [(f.entity, f.key) for f in parsed.fields]
     if parsed.tree is None:
-        return Compiled("TRUE", [], keys)
+        return Compiled("TRUE", [])
     compiler = _Compiler(parsed, columns)
     sql = compiler.node(parsed.tree)
     # IS TRUE keeps DuckDB from splitting a long AND into thousands of separate filters
-    return Compiled(f"({sql}) IS TRUE", compiler.params, keys)
+    return Compiled(f"({sql}) IS TRUE", compiler.params)
 
 
 def compile_filter(text: str, columns: dict[Field, Columns | None] | None = None) -> Compiled:
