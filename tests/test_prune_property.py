@@ -81,7 +81,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 
 @settings(
-    max_examples=property_examples(replay=8, explore=200),
+    max_examples=property_examples(replay=8, explore=100),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -341,7 +341,7 @@ class World:
 
 
 @settings(
-    max_examples=property_examples(replay=10, explore=300),
+    max_examples=property_examples(replay=10, explore=120),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

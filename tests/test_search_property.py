@@ -216,7 +216,7 @@ def _answer(db, text: str, bulk: bool, monkeypatch) -> tuple:
 
 
 @settings(
-    max_examples=property_examples(replay=60, explore=2000),
+    max_examples=property_examples(replay=60, explore=600),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
