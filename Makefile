@@ -11,8 +11,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
+# The demo reads the sample W&B runs' .wandb logs: it installs the wandb extra.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(PIP) install -e .
+	$(PIP) install -e '.[wandb]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
@@ -29,6 +30,7 @@ demo: $(VENV)/.installed
 	$(DEMO) ingest slurm sample_logs/slurm/week47.sacct
 	$(DEMO) ingest gpu sample_logs/gpu/*.csv
 	$(DEMO) ingest checkpoints $(OUT)/scratch
+	$(DEMO) ingest wandb sample_logs/wandb
 	$(DEMO) status
 	$(DEMO) scan
 	$(DEMO) report weekly --week 2026-W47 --output $(OUT)/weekly-2026-W47.html
@@ -56,6 +58,7 @@ docs: $(VENV)/.installed
 sample: $(VENV)/.installed-test
 	$(BIN)/python sample_logs/generate.py
 	$(BIN)/python sample_logs/generate_cluster.py
+	$(BIN)/python sample_logs/generate_wandb.py
 
 # Benchmarks of issue 8 (generated data is cached outside the repo, ~/.cache/audit-bench).
 # SIZE=S|M|L; L needs ~20 GB of disk and ~45 min the first time (~25 min after).

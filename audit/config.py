@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from audit.errors import InputError, utf8_problem
 
 DEFAULT_CONFIG_NAME = "audit.toml"
+TEAM_SOURCES = ("tag", "account", "user")
 
 # section -> key -> (expected python type(s), default). A nested dict default means the
 # key holds a free-form table whose values are validated by their consumer.
@@ -35,6 +36,78 @@ DEFAULT_GPU_PRICES = {
     "default": 2.00,
 }
 
+# Metric names of training-stability signals, exact keys as each framework logs them:
+# TRL GRPO/PPO (`kl`, `entropy`, `reward`, `completions/clipped_ratio`,
+# `clip_ratio/region_mean`; `objective/*`, `policy/*` for PPO), verl (`actor/*`,
+# `critic/score/mean`, `response_length/clip_ratio`), OpenRLHF (`policy_loss`, `kl`,
+# `ppo_kl`, `ppo_clip_ratio`, `entropy_loss`, `reward`), NeMo-RL (`train/loss`,
+# `train/grad_norm`, `train/approx_entropy`, `train/reward`, `train/kl_penalty`) and
+# Megatron (`lm loss`, `grad-norm`). A `train/` prefix is what the W&B and TensorBoard
+# integrations add.
+STABILITY_METRICS = {
+    "loss": [
+        "loss",
+        "train/loss",
+        "train_loss",
+        "lm loss",
+        "train/lm_loss",
+        "gpt_loss",
+        "train/gpt_loss",
+    ],
+    "grad_norm": [
+        "grad_norm",
+        "train/grad_norm",
+        "actor/grad_norm",
+        "grad-norm",
+        "train/grad-norm",
+    ],
+    "kl": [
+        "kl",
+        "train/kl",
+        "objective/kl",
+        "train/objective/kl",
+        "actor/ppo_kl",
+        "actor/kl_loss",
+        "ppo_kl",
+        "train/ppo_kl",
+        "train/kl_penalty",
+    ],
+    "entropy": [
+        "entropy",
+        "train/entropy",
+        "actor/entropy",
+        "objective/entropy",
+        "train/objective/entropy",
+        "policy/entropy_avg",
+        "train/policy/entropy_avg",
+        "entropy_loss",
+        "train/entropy_loss",
+        "train/approx_entropy",
+    ],
+    "reward": [
+        "reward",
+        "train/reward",
+        "critic/score/mean",
+        "objective/scores",
+        "train/objective/scores",
+        "env/reward_mean",
+    ],
+    "truncation": [
+        "completions/clipped_ratio",
+        "train/completions/clipped_ratio",
+        "response_length/clip_ratio",
+    ],
+    "policy_clip": [
+        "clip_ratio/region_mean",
+        "train/clip_ratio/region_mean",
+        "actor/pg_clipfrac",
+        "policy/clipfrac_avg",
+        "train/policy/clipfrac_avg",
+        "ppo_clip_ratio",
+        "train/ppo_clip_ratio",
+    ],
+}
+
 SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "prices": {
         "gpu_hour_usd": ((dict,), DEFAULT_GPU_PRICES),
@@ -43,12 +116,55 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "metrics": {
         "general": ((list,), ["eval/general/*"]),  # globs: general-capability benchmarks
         "target": ((list,), ["eval/target/*"]),  # globs: the task being trained for
+        # globs: metrics that must never drop below the baseline (safety, refusal, ...);
+        # higher is better, tolerance 0 unless red_line_tolerances gives one
+        "red_lines": ((list,), ["eval/safety/*"]),
+        # glob -> allowed absolute drop for the red lines it matches (first match wins)
+        "red_line_tolerances": ((dict,), {}),
+        # Training-stability series (STB001). Defaults cover the names TRL (HF Trainer adds
+        # train/ when it logs to W&B, not to MLflow), verl, OpenRLHF and NeMo-RL log.
+        "loss": ((list,), STABILITY_METRICS["loss"]),
+        "grad_norm": ((list,), STABILITY_METRICS["grad_norm"]),
+        "kl": ((list,), STABILITY_METRICS["kl"]),
+        "entropy": ((list,), STABILITY_METRICS["entropy"]),
+        "reward": ((list,), STABILITY_METRICS["reward"]),
+        "truncation": ((list,), STABILITY_METRICS["truncation"]),
+        "policy_clip": ((list,), STABILITY_METRICS["policy_clip"]),
     },
     "attribution": {
-        "team_tag": ((str,), "team"),  # run tag naming the team (else Slurm account, else user)
+        "team_tag": ((str,), "team"),  # run tag naming the team
+        # where a run's or job's team comes from, first known wins: the run tag team_tag,
+        # the Slurm account, the user (spend and waste are attributed the same way)
+        "team_order": ((list,), ["tag", "account", "user"]),
         "method_keys": ((list,), ["method", "training_method"]),  # param or tag: sft / rl / opd
         "base_model_keys": ((list,), ["base_model", "model_name_or_path"]),
         "baseline_tag": ((str,), "audit.baseline"),
+        # methods whose runs evaluate a model instead of training one
+        "eval_methods": ((list,), ["eval", "evaluation"]),
+        # methods that learn from a teacher model, and where the teacher is recorded
+        "distillation_methods": ((list,), ["opd", "distill", "distillation", "kd", "gkd"]),
+        "teacher_keys": (
+            (list,),
+            ["teacher", "teacher_model", "teacher_model_name_or_path", "teacher_name_or_path"],
+        ),
+        # a run's training data when no dataset input is logged: the first param or tag set
+        "dataset_keys": ((list,), ["dataset", "dataset_name", "data.train_files", "train_file"]),
+        # what makes two runs the same recipe at another size (PIL001): method, base_model
+        # and dataset as attributed, any other name a param or tag
+        "family_keys": ((list,), ["method", "base_model", "dataset"]),
+        # the model or checkpoint an evaluation run evaluated: the first param or tag set
+        "evaluated_model_keys": (
+            (list,),
+            [
+                "checkpoint",
+                "checkpoint_path",
+                "model_path",
+                "model_name_or_path",
+                "pretrained",
+                "model",
+                "base_model",
+            ],
+        ),
         "ignore_tag": ((str,), "audit.ignore"),
         # params that name where or how a run was launched, not what it trained
         "volatile_params": (
@@ -72,6 +188,31 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
                 "local_rank",
             ],
         ),
+    },
+    "cost": {
+        # GPU count of a run without a Slurm job or system metrics: the first of these params
+        # or tags that holds a positive whole number; "a*b" multiplies two keys. Defaults
+        # cover HF/torchrun, verl (trainer.*), NeMo-RL (cluster.*) and OpenRLHF naming.
+        "gpu_count_keys": (
+            (list,),
+            [
+                "num_gpus",
+                "n_gpus",
+                "n_gpu",
+                "gpu_count",
+                "trainer.n_gpus_per_node*trainer.nnodes",
+                "cluster.gpus_per_node*cluster.num_nodes",
+                "actor_num_gpus_per_node*actor_num_nodes",
+                "nproc_per_node*nnodes",
+                "nproc_per_node",
+                "num_processes",
+                "world_size",
+            ],
+        ),
+        "gpu_type_keys": ((list,), ["gpu_type", "gpu_name", "gpu_model"]),
+        # assumed for runs with no other evidence; 0 leaves their cost unknown
+        "default_gpus_per_run": ((int, float), 0),
+        "default_gpu_type": ((str,), ""),
     },
     "cluster": {
         "timezone": ((str,), "UTC"),
@@ -139,7 +280,7 @@ def _merge_rules(values: dict, table: Any, path: _Locator) -> None:
         raise InputError(
             f"config {path}: [rules] holds one table per rule code, e.g. [rules.OVP001]"
         )
-    from audit.engine import validate_rule_settings  # the rules own their threshold schemas
+    from audit.rule_registry import validate_rule_settings  # rules own their threshold schemas
 
     for code, settings in table.items():
         values["rules"][code] = validate_rule_settings(code, settings, f"config {path}")
@@ -237,7 +378,7 @@ class _Locator:
 
 
 # Tables whose keys are validated by their consumers: [rules.CODE] by each rule's
-# threshold schema (audit.engine), [[suppress]] entries here.
+# threshold schema (audit.rule_registry), [[suppress]] entries here.
 FREE_SECTIONS = ("rules", "suppress")
 
 
@@ -286,9 +427,32 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
                         f"config {path}: [prices] gpu_hour_usd.{bad[0]} must be a non-negative number"
                     )
                 value = {**DEFAULT_GPU_PRICES, **value}
+            elif key == "red_line_tolerances":
+                bad = [
+                    k
+                    for k, v in value.items()
+                    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e9
+                ]
+                if bad:
+                    raise InputError(
+                        f"config {path.at(section, key)}: [metrics] red_line_tolerances.{bad[0]} "
+                        "must be a non-negative number (the allowed absolute drop)"
+                    )
             elif isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
                 raise InputError(f"config {path}: [{section}] {key} must map strings to strings")
             values[section][key] = value
+    order = values["attribution"]["team_order"]
+    unknown = [s for s in order if s not in TEAM_SOURCES]
+    if unknown or not order:
+        raise InputError(
+            f"config {path.at('attribution', 'team_order')}: [attribution] team_order takes "
+            f"{', '.join(TEAM_SOURCES)} in the order to try, got {order!r}"
+        )
+    if not 0 <= values["cost"]["default_gpus_per_run"] <= 1_000_000:
+        raise InputError(
+            f"config {path.at('cost', 'default_gpus_per_run')}: [cost] default_gpus_per_run "
+            "must be a GPU count from 0 (unknown) to 1000000"
+        )
     try:
         ZoneInfo(values["cluster"]["timezone"])
     except (ZoneInfoNotFoundError, ValueError):

@@ -14,27 +14,39 @@ import os
 from collections import defaultdict
 
 from audit.config import Config
-from audit.engine import RuleContext
 from audit.importers.links import LinkSettings
+from audit.rule_api import RuleContext
 
 
 def checkpoint_rows(ctx: RuleContext) -> list[dict]:
-    """Every checkpoint with its run (if any) and the reasons it must be kept."""
-    return ctx.once(("checkpoint_rows",), lambda: warehouse_checkpoints(ctx.con, ctx.config))
+    """Every checkpoint with its run (if any), the reasons it must be kept, and whether it
+    existed in the scan's window."""
+    return ctx.once(("checkpoint_rows",), lambda: _with_runs(ctx))
+
+
+def _with_runs(ctx: RuleContext) -> list[dict]:
+    rows = warehouse_checkpoints(ctx.con, ctx.config)
+    for row in rows:
+        run = ctx.facts.run(row["source_id"], row["run_id"]) if row["run_id"] else None
+        row["team"] = run.team if run else None
+        row["method"] = run.method if run else None
+        # storage waste belongs to the time the files existed: from their modification time
+        # (the newest file in them) to the last inventory that saw them
+        row["existed"] = ctx.window.overlaps(row["mtime"], row["imported_at"])
+    return rows
 
 
 def warehouse_checkpoints(con, config: Config) -> list[dict]:
+    """Every checkpoint with its run (if any) and the reasons it must be kept."""
     cursor = con.execute(
         """
         SELECT c.*, l.source_id, l.run_id, l.method AS link_method, r.name AS run_name,
-               r.lifecycle_stage, r.user_id,
-               (SELECT value FROM tags t WHERE t.source_id = l.source_id AND t.run_id = l.run_id AND t.key = ?) AS team
+               r.lifecycle_stage, r.user_id
         FROM checkpoints c
         LEFT JOIN checkpoint_runs l ON l.path = c.path
         LEFT JOIN runs r ON r.source_id = l.source_id AND r.run_id = l.run_id
         ORDER BY c.path
-        """,
-        [config.values["attribution"]["team_tag"]],
+        """
     )
     names = [d[0] for d in cursor.description]
     rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 from ._checkpoints import checkpoint_rows, gb, storage_formula
 
@@ -38,6 +38,7 @@ class CheckpointsBeyondRetention(Rule):
     code = "CKP001"
     name = "checkpoints-beyond-retention"
     severity = Severity.MEDIUM
+    family_label = "redundant checkpoints"
     needs = {"checkpoints": "no checkpoint folders imported"}
     thresholds = {
         "keep_milestones": Threshold(
@@ -63,7 +64,7 @@ class CheckpointsBeyondRetention(Rule):
                 (c for c in checkpoints if not c["protected"]),
                 key=lambda c: (c["step"] or -1, c["mtime"]),
             )
-            reclaimable = candidates[: max(0, len(candidates) - keep)]
+            reclaimable = [c for c in candidates[: max(0, len(candidates) - keep)] if c["existed"]]
             total = sum(c["bytes"] for c in reclaimable)
             if not reclaimable or gb(total) < ctx.thresholds["min_reclaimable_gb"]:
                 continue
@@ -74,7 +75,6 @@ class CheckpointsBeyondRetention(Rule):
                 if c not in reclaimable
             ]
             yield self.finding(
-                ctx,
                 subject={
                     "run_id": run["run_id"],
                     "run_name": run["run_name"],
@@ -96,5 +96,6 @@ class CheckpointsBeyondRetention(Rule):
                 bytes=total,
                 usd=gb(total) * price,
                 team=run["team"],
+                method=run["method"],
                 happened_at=max(c["mtime"] for c in checkpoints),
             )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 from ._checkpoints import checkpoint_rows, gb, storage_formula
 
@@ -33,6 +33,7 @@ class CheckpointsOfDeletedRuns(Rule):
     code = "CKP002"
     name = "checkpoints-of-deleted-runs"
     severity = Severity.LOW
+    family_label = "redundant checkpoints"
     needs = {"checkpoints": "no checkpoint folders imported"}
     thresholds = {
         "min_reclaimable_gb": Threshold(
@@ -49,13 +50,12 @@ class CheckpointsOfDeletedRuns(Rule):
             if row["run_id"] and row["lifecycle_stage"] == "deleted":
                 by_run.setdefault((row["source_id"], row["run_id"]), []).append(row)
         for checkpoints in by_run.values():
-            reclaimable = [c for c in checkpoints if not c["protected"]]
+            reclaimable = [c for c in checkpoints if not c["protected"] and c["existed"]]
             total = sum(c["bytes"] for c in reclaimable)
             if not reclaimable or gb(total) < ctx.thresholds["min_reclaimable_gb"]:
                 continue
             run = checkpoints[0]
             yield self.finding(
-                ctx,
                 subject={
                     "run_id": run["run_id"],
                     "run_name": run["run_name"],
@@ -78,5 +78,6 @@ class CheckpointsOfDeletedRuns(Rule):
                 bytes=total,
                 usd=gb(total) * ctx.storage_price,
                 team=run["team"],
+                method=run["method"],
                 happened_at=max(c["mtime"] for c in checkpoints),
             )

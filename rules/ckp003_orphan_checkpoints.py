@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 from ._checkpoints import checkpoint_rows, gb, storage_formula
 
@@ -33,9 +33,10 @@ class OrphanCheckpoints(Rule):
     code = "CKP003"
     name = "orphan-checkpoints"
     severity = Severity.LOW
+    family_label = "redundant checkpoints"
     needs = {
         "checkpoints": "no checkpoint folders imported",
-        "runs": "no MLflow runs imported to claim checkpoints",
+        "runs": "no runs imported to claim checkpoints",
     }
     thresholds = {"min_gb": Threshold(1.0, "ignore folders with less storage", 0, unit="GB")}
     recommendation = "Find the owner of the folder; archive or delete it."
@@ -43,14 +44,13 @@ class OrphanCheckpoints(Rule):
     def check(self, ctx: RuleContext):
         by_dir: dict[str, list[dict]] = {}
         for row in checkpoint_rows(ctx):
-            if not row["run_id"]:
+            if not row["run_id"] and row["existed"]:
                 by_dir.setdefault(row["run_dir"], []).append(row)
         for run_dir, checkpoints in sorted(by_dir.items()):
             total = sum(c["bytes"] for c in checkpoints)
             if gb(total) < ctx.thresholds["min_gb"]:
                 continue
             yield self.finding(
-                ctx,
                 subject={"run_dir": run_dir},
                 message=(
                     f"{len(checkpoints)} checkpoints ({gb(total):,.1f} GB) in {run_dir} belong to no imported run "

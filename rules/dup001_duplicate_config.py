@@ -1,31 +1,43 @@
 from __future__ import annotations
 
+import hashlib
+
 import polars as pl
 
-from audit.engine import Finding, Rule, RuleContext, Severity, Threshold
+from audit.costs import RunFacts
+from audit.rule_api import Finding, Rule, RuleContext, Severity, Threshold
 
-from ._common import money, run_facts
+RESULT_STATES = ("FINISHED", "RUNNING")  # a launch with such a run has (or will have) a result
 
 
 class DuplicateConfig(Rule):
-    """A run trained a configuration that an earlier finished run had already trained.
+    """A configuration was trained again while an earlier launch had already trained it.
 
     What it detects:
-    Runs whose effective configuration equals that of an earlier FINISHED run: the same
-    params after normalisation (`2e-05` == `0.00002`, `0.05` == `0.050`, `True` == `true`),
+    Runs whose effective configuration equals that of an earlier launch: the same params
+    after normalisation (`2e-05` == `0.00002`, `0.05` == `0.050`, `True` == `true`),
     ignoring volatile params (`[attribution] volatile_params`: output paths, run names,
-    logging cadence, GPU count), with
-    the same source commit and the same training dataset digests when datasets are logged.
+    logging cadence, GPU count), with the same source commit and the same training dataset
+    digests when datasets are logged, across every tracker imported. A later launch
+    repeats an earlier one that finished (or is still running: two people training the
+    same config at overlapping times is the classic duplicate; the one that started later
+    carries the waste). Runs of one user from one entry point that start back to back
+    (within `batch_gap_minutes` of the previous one's start or end), or children of one
+    parent run, are one launch: repeated trials or folds of one script are not flagged
+    against each other, but a later launch repeating the configuration is, as a whole.
+    One finding per configuration and window lists every run.
 
     Why it is waste:
-    The result already existed and was searchable; the rerun bought nothing new. Its
-    GPU-hours (and dollars) are the waste.
+    The result already existed (or was being produced) and was searchable; the repeat bought
+    nothing new. Its GPU-hours (and dollars) are the waste; when no source knows a run's GPU
+    count, its run-hours are reported and its cost stays unknown.
 
     Known false positives:
-    Deliberate reproducibility checks, and reruns whose difference lives outside MLflow
-    (a changed data file under the same name without a logged digest, an environment
-    upgrade). A rerun after a FAILED or KILLED run is a retry and is never flagged; runs
-    that differ in `seed` are a seed sweep and differ in config.
+    Deliberate reproducibility checks (tag them `audit.ignore=DUP001`: they are left out),
+    and reruns whose difference lives outside the tracker (a changed data file under the
+    same name without a logged digest, an environment upgrade). A rerun after a FAILED or
+    KILLED run is a retry and is never flagged; runs that differ in `seed` are a seed sweep
+    and differ in config.
 
     Example:
     `sft-qwen-lr2e-5` finished on Monday with learning_rate=`2e-05`; on Tuesday
@@ -34,8 +46,7 @@ class DuplicateConfig(Rule):
 
     How to fix:
     Check history before launching: `audit runs similar --config train.yaml
-    --fail-if-exists` in the launch script. Tag intentional reproductions with
-    `audit.ignore=DUP001`.
+    --fail-if-exists` in the launch script.
 
     References:
     MLflow search compares params as strings, so `1e-5` and `0.00001` never match there.
@@ -44,113 +55,264 @@ class DuplicateConfig(Rule):
     code = "DUP001"
     name = "duplicate-config"
     severity = Severity.MEDIUM
-    needs = {"runs": "no MLflow runs imported", "params": "no run params imported"}
+    family_label = "duplicate experiments"
+    needs = {"runs": "no runs imported", "params": "no run params imported"}
     thresholds = {
         "min_gpu_hours": Threshold(
-            0.0, "ignore duplicates cheaper than this", minimum=0, unit="GPU-h"
+            0.0, "ignore repeats cheaper than this (when their cost is known)", 0, unit="GPU-h"
+        ),
+        "batch_gap_minutes": Threshold(
+            5.0,
+            "runs of one user and entry point starting within this of the previous one's "
+            "start or end are one launch",
+            0,
+            unit="min",
         ),
     }
     recommendation = "Search history before launching (audit runs similar --fail-if-exists); reuse the earlier run's result."
 
     def check(self, ctx: RuleContext):
         volatile = list(ctx.config.values["attribution"]["volatile_params"])
-        facts = {(r["source_id"], r["run_id"]): r for r in run_facts(ctx)}
-        signatures = ctx.rows(
-            """
-            WITH cfg AS (
-                SELECT source_id, run_id,
-                       string_agg(key || '=' || value_norm, chr(31) ORDER BY key) AS params
-                FROM params WHERE NOT list_contains(?, key) GROUP BY ALL
-            ),
-            data AS (
-                SELECT source_id, run_id, string_agg(DISTINCT digest, ',' ORDER BY digest) AS digests
-                FROM dataset_inputs WHERE coalesce(context, 'train') = 'train' GROUP BY ALL
+        ignore_tag = ctx.config.values["attribution"]["ignore_tag"]
+        by_params: dict[str, list[tuple[RunFacts, str, str]]] = {}
+        for row in ctx.rows(SIGNATURES_SQL, [volatile, ignore_tag]):
+            run = ctx.facts.run(row["source_id"], row["run_id"])
+            if run is not None and run.start_time is not None:
+                by_params.setdefault(row["params"], []).append((run, row["commit"], row["digests"]))
+        groups: dict[tuple, list[RunFacts]] = {}
+        for params, members in by_params.items():
+            for (commit, digests), runs in _by_known(members).items():
+                groups[(params, commit, digests)] = runs
+        gap = ctx.thresholds["batch_gap_minutes"] * 60
+        found: list[tuple[str, list[list[RunFacts]], list[RunFacts], RunFacts]] = []
+        for signature, runs in sorted(groups.items()):
+            if len(runs) < 2:
+                continue
+            launches = group_launches(runs, gap)
+            repeats, original = _repeats(launches)
+            in_window = [r for r in repeats if ctx.window.contains(r.start_time)]
+            if not in_window:
+                continue
+            known = [r.cost.gpu_hours for r in in_window if r.cost.gpu_hours is not None]
+            if len(known) == len(in_window) and sum(known) < ctx.thresholds["min_gpu_hours"]:
+                continue
+            digest = hashlib.sha1("\x1f".join(signature).encode()).hexdigest()[:12]
+            found.append((digest, launches, in_window, original))
+        spelled = _spelled_differently(ctx, [(f[2][0], f[3]) for f in found])
+        for number, (digest, launches, repeats, original) in enumerate(found):
+            yield self._finding(
+                ctx, digest, launches, repeats, original, volatile, spelled.get(number, [])
             )
-            SELECT r.source_id, r.run_id, c.params, coalesce(r.source_commit, '') AS commit,
-                   coalesce(d.digests, '') AS digests
-            FROM runs r JOIN cfg c USING (source_id, run_id)
-            LEFT JOIN data d USING (source_id, run_id)
-            """,
-            [volatile],
-        )
-        groups: dict[tuple, list[dict]] = {}
-        for row in signatures:
-            groups.setdefault((row["params"], row["commit"], row["digests"]), []).append(
-                facts[(row["source_id"], row["run_id"])]
-            )
-        condition_since, condition_until = ctx.since, ctx.until
-        pairs: list[tuple[dict, dict]] = []
-        for runs in groups.values():
-            runs.sort(key=lambda r: (r["start_time"], r["run_id"]))
-            for index, run in enumerate(runs):
-                earlier = next(
-                    (
-                        e
-                        for e in runs[:index]
-                        if e["status"] == "FINISHED"
-                        and e["end_time"]
-                        and e["end_time"] <= run["start_time"]
-                    ),
-                    None,
-                )
-                if earlier is None or run["gpu_hours"] is None:
-                    continue
-                if (condition_since and run["start_time"] < condition_since) or (
-                    condition_until and run["start_time"] >= condition_until
-                ):
-                    continue
-                if run["gpu_hours"] < ctx.thresholds["min_gpu_hours"]:
-                    continue
-                pairs.append((run, earlier))
-        spelled = _spelled_differently(ctx, pairs)
-        for number, (run, earlier) in enumerate(pairs):
-            yield self._finding(ctx, run, earlier, volatile, spelled.get(number, []))
 
     def _finding(
-        self, ctx: RuleContext, run: dict, earlier: dict, volatile: list[str], differences: list
+        self,
+        ctx: RuleContext,
+        digest: str,
+        launches: list[list[RunFacts]],
+        repeats: list[RunFacts],
+        original: RunFacts,
+        volatile: list[str],
+        differences: list,
     ) -> Finding:
-        hours = run["gpu_hours"]
+        every = sorted((r for launch in launches for r in launch), key=_order)
+        launch_of = {r.key: n for n, launch in enumerate(launches, start=1) for r in launch}
+        repeat_keys = {r.key for r in repeats}
+        known = [r for r in repeats if r.cost.gpu_hours is not None]
+        unknown = [r for r in repeats if r.cost.gpu_hours is None]
+        gpu_hours = sum(r.cost.gpu_hours for r in known) if known else None
+        usd = sum(r.cost.usd for r in known) if known else None
+        run_hours = sum(r.run_hours or 0.0 for r in unknown) if unknown else None
+        repeat_launches = len({launch_of[r.key] for r in repeats})
+        first = repeats[0]
+        ended = (
+            f", finished {original.end_time:%Y-%m-%d %H:%M}"
+            if original.status == "FINISHED" and original.end_time
+            else f", {(original.status or 'unknown').lower()}"
+        )
         return self.finding(
-            ctx,
-            subject={
-                "run_id": run["run_id"],
-                "run_name": run["name"],
-                "duplicate_of": earlier["run_id"],
-            },
+            subject={"config": digest, "run_id": first.run_id, "run_name": first.name},
             message=(
-                f"run {run['name']!r} repeats the configuration of {earlier['name']!r} "
-                f"(finished {earlier['end_time']:%Y-%m-%d %H:%M}): {hours:.1f} GPU-h spent, "
+                f"{len(every)} runs of one configuration between {every[0].start_time:%Y-%m-%d %H:%M} "
+                f"and {every[-1].start_time:%Y-%m-%d %H:%M} in {len(launches)} launches: "
+                f"{len(repeats)} run{'s' if len(repeats) != 1 else ''} in {repeat_launches} later "
+                f"launch{'es' if repeat_launches != 1 else ''} repeat{'s' if len(repeats) == 1 else ''} "
+                f"{original.name!r} (started {original.start_time:%Y-%m-%d %H:%M}{ended}); "
+                f"{_cost_text(gpu_hours, run_hours, len(unknown))}, "
                 f"threshold {ctx.thresholds['min_gpu_hours']:g} GPU-h"
             ),
             evidence={
-                "earlier_run": {
-                    "run_id": earlier["run_id"],
-                    "name": earlier["name"],
-                    "status": earlier["status"],
-                },
+                "runs": [
+                    {
+                        "run_id": r.run_id,
+                        "name": r.name,
+                        "user": r.user_id,
+                        "entry_point": r.entry_point,
+                        "status": r.status,
+                        "start": r.start_time,
+                        "end": r.end_time,
+                        "launch": launch_of[r.key],
+                        "role": "original"
+                        if r.key == original.key
+                        else "repeat"
+                        if r.key in repeat_keys
+                        else "not counted",
+                        "gpu_hours": None
+                        if r.cost.gpu_hours is None
+                        else round(r.cost.gpu_hours, 3),
+                        "run_hours": None if r.run_hours is None else round(r.run_hours, 4),
+                        "cost_basis": r.cost.basis,
+                    }
+                    for r in every
+                ],
+                "launch_rule": (
+                    "runs of one user and entry point starting within "
+                    f"{ctx.thresholds['batch_gap_minutes']:g} min of the previous one's start or "
+                    "end, or children of one parent run, are one launch"
+                ),
                 "params_spelled_differently": differences,
                 "ignored_volatile_params": volatile,
                 "source_commit": "same",
-                "cost_basis": run["cost_basis"],
-                "formula": money(hours, run["price"], run["price_key"]),
+                "formula": _formula(known, unknown, gpu_hours, usd, run_hours),
             },
-            gpu_hours=hours,
-            usd=run["usd"],
-            team=run["team"],
-            method=run["method"],
-            happened_at=run["start_time"],
+            gpu_hours=gpu_hours,
+            usd=usd,
+            run_hours=run_hours,
+            cost_basis=(
+                repeats[0].cost.basis
+                if len(repeats) == 1
+                else "; ".join(sorted({r.cost.rung_label for r in repeats}))
+            ),
+            team=first.team,
+            method=first.method,
+            happened_at=first.start_time,
         )
 
 
-def _spelled_differently(ctx: RuleContext, pairs: list[tuple[dict, dict]]) -> dict[int, list]:
+SIGNATURES_SQL = """
+WITH cfg AS (
+    SELECT source_id, run_id,
+           string_agg(key || '=' || coalesce(value_norm, ''), chr(31) ORDER BY key) AS params
+    FROM params WHERE NOT list_contains(?, key) GROUP BY ALL
+),
+data AS (
+    SELECT source_id, run_id, string_agg(DISTINCT digest, ',' ORDER BY digest) AS digests
+    FROM dataset_inputs WHERE coalesce(context, 'train') = 'train' GROUP BY ALL
+),
+intended AS (  -- deliberate reproductions, tagged audit.ignore=DUP001 (or DUP)
+    SELECT DISTINCT source_id, run_id FROM tags
+    WHERE key = ? AND list_has_any(string_split(upper(replace(value, ' ', '')), ','), ['DUP', 'DUP001'])
+)
+SELECT r.source_id, r.run_id, c.params, coalesce(r.source_commit, '') AS commit,
+       coalesce(d.digests, '') AS digests
+FROM runs r JOIN cfg c USING (source_id, run_id)
+LEFT JOIN data d USING (source_id, run_id)
+WHERE NOT EXISTS (SELECT 1 FROM intended i WHERE i.source_id = r.source_id AND i.run_id = r.run_id)
+"""
+
+
+def _by_known(members: list[tuple[RunFacts, str, str]]) -> dict[tuple[str, str], list[RunFacts]]:
+    """Runs of one param set, split by source commit and training-data digests.
+
+    A value a tracker did not record (W&B runs log no dataset digests, many runs no commit)
+    is unknown, not different: such a run joins the others when they all agree on that
+    value, and stays apart when they disagree (it could be either).
+    """
+    commits = {c for _, c, _ in members if c}
+    digests = {d for _, _, d in members if d}
+    out: dict[tuple[str, str], list[RunFacts]] = {}
+    for run, commit, digest in members:
+        commit = commit or (next(iter(commits)) if len(commits) == 1 else "")
+        digest = digest or (next(iter(digests)) if len(digests) == 1 else "")
+        out.setdefault((commit, digest), []).append(run)
+    return out
+
+
+def _order(run: RunFacts) -> tuple:
+    return (run.start_time, run.source_id, run.run_id)
+
+
+def group_launches(runs: list[RunFacts], gap_seconds: float) -> list[list[RunFacts]]:
+    """Runs of one configuration grouped into launches, in order of their first start.
+
+    A run joins the open launch of its parent run, else the open launch of its user and
+    entry point when it starts within ``gap_seconds`` of that launch's last run's start or
+    end (last logged sign of life when the run has no end).
+    """
+    launches: list[list[RunFacts]] = []
+    open_by_key: dict[tuple, list[RunFacts]] = {}
+    for run in sorted(runs, key=_order):
+        key = (
+            ("parent", run.source_id, run.parent_run_id)
+            if run.parent_run_id
+            else ("user", run.user_id, run.entry_point)
+        )
+        launch = open_by_key.get(key)
+        if launch is not None and not run.parent_run_id:
+            previous = launch[-1]
+            reference = max(t for t in (previous.start_time, previous.last_seen) if t is not None)
+            if (run.start_time - reference).total_seconds() > gap_seconds:
+                launch = None
+        if launch is None:
+            launch = []
+            launches.append(launch)
+            open_by_key[key] = launch
+        launch.append(run)
+    return launches
+
+
+def _repeats(launches: list[list[RunFacts]]) -> tuple[list[RunFacts], RunFacts | None]:
+    """The runs of launches that started after a launch with a result, and that first result.
+
+    A launch whose runs all failed or were killed produced nothing: the next launch is a
+    retry, not a repeat.
+    """
+    original: RunFacts | None = None
+    repeats: list[RunFacts] = []
+    for launch in launches:
+        if original is not None and launch[0].start_time > original.start_time:
+            repeats.extend(launch)
+            continue
+        if original is None:
+            original = next((r for r in launch if r.status in RESULT_STATES), None)
+    return sorted(repeats, key=_order), original
+
+
+def _cost_text(gpu_hours: float | None, run_hours: float | None, unknown: int) -> str:
+    parts = []
+    if gpu_hours is not None:
+        parts.append(f"{gpu_hours:.1f} GPU-h spent")
+    if run_hours is not None:
+        parts.append(
+            f"{run_hours:.2f} run-hours with unknown GPU count ({unknown} run{'s' if unknown != 1 else ''})"
+        )
+    return " + ".join(parts)
+
+
+def _formula(known, unknown, gpu_hours, usd, run_hours) -> str:
+    parts = []
+    if len(known) == 1:
+        parts.append(known[0].cost.formula())
+    elif known:
+        parts.append(
+            " + ".join(f"{r.cost.gpu_hours:.2f}" for r in known[:20])
+            + (f" + … ({len(known) - 20} more)" if len(known) > 20 else "")
+            + f" = {gpu_hours:.2f} GPU-h of {len(known)} repeats at their prices = ${usd:,.2f}"
+        )
+    if unknown:
+        parts.append(
+            f"{len(unknown)} repeats without a GPU count: {run_hours:.4f} run-hours, no dollar figure"
+        )
+    return "; ".join(parts)
+
+
+def _spelled_differently(
+    ctx: RuleContext, pairs: list[tuple[RunFacts, RunFacts]]
+) -> dict[int, list]:
     """Per pair, the params whose values differ only in spelling (one query for all pairs)."""
     if not pairs:
         return {}
     frame = pl.DataFrame(
-        [
-            (n, r["source_id"], r["run_id"], e["source_id"], e["run_id"])
-            for n, (r, e) in enumerate(pairs)
-        ],
+        [(n, r.source_id, r.run_id, e.source_id, e.run_id) for n, (r, e) in enumerate(pairs)],
         schema=["pair", "source_id", "run_id", "earlier_source_id", "earlier_run_id"],
         orient="row",
     )

@@ -1,16 +1,18 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
-
-from ._common import gpu_usage, hours_between, run_facts
+from audit.costs import hours_between
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.usage import gpu_usage
 
 
 class IdleTail(Rule):
     """A job kept its GPUs, idle, after its training run had ended.
 
     What it detects:
-    Jobs linked to an MLflow run that ended at least `min_tail_minutes` before the job,
-    with the job's GPUs at or below `max_util_pct` mean utilisation in between.
+    Jobs linked to a tracked run that ended at least `min_tail_minutes` before the job,
+    with the job's GPUs at or below `max_util_pct` mean utilisation in between. Needs
+    time-resolved evidence (GPU telemetry or the run's system metrics): a per-job maximum
+    from sacct cannot separate the tail from the training before it.
 
     Why it is waste:
     The allocation is paid for and blocks the queue while doing nothing (a `sleep`, a
@@ -36,10 +38,11 @@ class IdleTail(Rule):
     code = "IDL001"
     name = "idle-tail"
     severity = Severity.HIGH
+    family_label = "idle capacity"
     needs = {
         "jobs": "no Slurm jobs imported",
         "run_jobs": "no run is linked to a Slurm job",
-        "gpu_samples": "no GPU telemetry imported",
+        "gpu_samples": "no GPU telemetry imported (sacct's per-job figures cannot show a tail)",
     }
     thresholds = {
         "min_tail_minutes": Threshold(30.0, "shorter tails are not flagged", 5, unit="min"),
@@ -52,64 +55,63 @@ class IdleTail(Rule):
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
         tails = []
-        for run in run_facts(ctx):
-            if run["job_id"] is None or run["end_time"] is None or run["job_end"] is None:
+        for run in ctx.facts.runs:
+            if run.job_id is None or run.end_time is None or run.job_end is None:
                 continue
-            if hours_between(run["end_time"], run["job_end"]) * 60 < t["min_tail_minutes"]:
-                continue
-            if (ctx.since and run["job_end"] < ctx.since) or (
-                ctx.until and run["end_time"] >= ctx.until
+            tail = hours_between(run.end_time, run.job_end)
+            if tail * 60 < t["min_tail_minutes"] or not ctx.window.overlaps(
+                run.end_time, run.job_end
             ):
                 continue
             tails.append(run)
+        job_gpus = {(j.cluster, j.job_id): j.gpus for j in ctx.facts.jobs}
         usage = gpu_usage(
-            ctx,
+            ctx.con,
             [
                 {
-                    "key": r["run_id"],
-                    "cluster": r["cluster"],
-                    "job_id": r["job_id"],
-                    "gpus": r["job_gpus"],
-                    "start": r["end_time"],
-                    "end": r["job_end"],
+                    "key": r.run_id,
+                    "cluster": r.cluster,
+                    "job_id": r.job_id,
+                    "gpus": job_gpus[(r.cluster, r.job_id)],
+                    "start": r.end_time,
+                    "end": r.job_end,
                 }
                 for r in tails
             ],
         )
         for run in tails:
-            use = usage[run["run_id"]]
+            use = usage[run.run_id]
             if use.status != "ok":
-                ctx.skip(f"job {run['job_id']}: {use.status} in the tail after run {run['name']!r}")
+                ctx.note(f"job {run.job_id}, in the tail after run {run.name!r}: {use.why}")
                 continue
             if use.mean_util > t["max_util_pct"]:
                 continue
-            hours = hours_between(run["end_time"], run["job_end"])
-            gpu_hours = run["job_gpus"] * hours
+            hours = hours_between(run.end_time, run.job_end)
+            gpus = job_gpus[(run.cluster, run.job_id)]
+            gpu_hours = gpus * hours
             yield self.finding(
-                ctx,
                 subject={
-                    "cluster": run["cluster"],
-                    "job_id": run["job_id"],
-                    "run_id": run["run_id"],
-                    "run_name": run["name"],
+                    "cluster": run.cluster,
+                    "job_id": run.job_id,
+                    "run_id": run.run_id,
+                    "run_name": run.name,
                 },
                 message=(
-                    f"job {run['job_id']} held {run['job_gpus']} GPUs at {use.mean_util:.1f} % for {hours * 60:.0f} min "
-                    f"after run {run['name']!r} ended (threshold {t['min_tail_minutes']:g} min at ≤ {t['max_util_pct']:g} %)"
+                    f"job {run.job_id} held {gpus} GPUs at {use.mean_util:.1f} % for {hours * 60:.0f} min "
+                    f"after run {run.name!r} ended (threshold {t['min_tail_minutes']:g} min at ≤ {t['max_util_pct']:g} %)"
                 ),
                 evidence={
-                    "run_ended": run["end_time"],
-                    "job_ended": run["job_end"],
+                    "run_ended": run.end_time,
+                    "job_ended": run.job_end,
                     "mean_util_pct_in_tail": round(use.mean_util, 2),
+                    "usage_source": use.label,
                     "samples": use.samples,
-                    "formula": (
-                        f"{run['job_gpus']} GPUs × {hours:.2f} h = {gpu_hours:.2f} GPU-h × ${run['price']:.2f}/GPU-h "
-                        f"({run['price_key']}) = ${gpu_hours * run['price']:,.2f}"
-                    ),
+                    "formula": f"{gpus} GPUs × {hours:.2f} h = {run.cost.formula(gpu_hours)}",
                 },
                 gpu_hours=gpu_hours,
-                usd=gpu_hours * run["price"],
-                team=run["team"],
-                method=run["method"],
-                happened_at=run["end_time"],
+                usd=gpu_hours * run.cost.price,
+                cost_basis=run.cost.basis,
+                team=run.team,
+                method=run.method,
+                happened_at=run.end_time,
             )

@@ -1,16 +1,18 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._common import job_subject, judged_jobs, team_of_job
+from ._usage import describe, evidence, judged, priced
 
 
 class IdleAllocation(Rule):
     """A GPU allocation stayed at ~0 % for its whole life (an abandoned interactive job).
 
     What it detects:
-    GPU jobs at least `min_job_minutes` long whose GPUs all stayed at or below
-    `max_util_pct` mean utilisation from start to end.
+    GPU jobs (and runs outside Slurm with GPU system metrics) at least `min_job_minutes`
+    long whose GPUs all stayed at or below `max_util_pct` from start to end: every GPU's
+    mean from telemetry, tracker system metrics or jobstats, or sacct's maximum over all
+    the job's tasks (a maximum of 0 % proves no task ever used its GPUs).
 
     Why it is waste:
     Every allocated GPU-hour was paid for and kept from others, for nothing.
@@ -28,16 +30,16 @@ class IdleAllocation(Rule):
     consider an idle-job reaper.
 
     References:
-    Princeton Research Computing, Job Defense Shield: "zero utilization" and
-    "abandoned interactive session" alerts.
+    Princeton Research Computing, Job Defense Shield: "GPU-hours at 0 % utilization"
+    (`min_run_time: 30` minutes in its example) and "cancel 0 % GPU jobs" alerts.
     """
 
     code = "IDL002"
     name = "idle-allocation"
     severity = Severity.HIGH
-    needs = {"jobs": "no Slurm jobs imported", "gpu_samples": "no GPU telemetry imported"}
+    family_label = "idle capacity"
     thresholds = {
-        "max_util_pct": Threshold(1.0, "all GPUs at or below this mean utilisation", 0, 100, "%"),
+        "max_util_pct": Threshold(1.0, "all GPUs at or below this utilisation", 0, 100, "%"),
         "min_job_minutes": Threshold(
             30.0, "shorter jobs are not judged (JDS uses 30 min)", 0, unit="min"
         ),
@@ -46,29 +48,37 @@ class IdleAllocation(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        for job, use in judged_jobs(ctx, t["min_job_minutes"] / 60):
-            if any(g["util"] > t["max_util_pct"] for g in use.per_gpu):
+        for alloc, use in judged(ctx, t["min_job_minutes"]):
+            if use.util_ceiling > t["max_util_pct"]:
                 continue
-            price, key = ctx.gpu_price(job["gpu_type"] or use.model)
-            gpu_hours = job["gpus"] * job["hours"]
+            hours = alloc.hours
+            gpu_hours = alloc.gpus * hours
+            usd, money = priced(alloc, gpu_hours)
+            if use.per_gpu is not None:
+                level = f"at {use.mean_util:.1f} % mean utilisation"
+            else:
+                memory = (
+                    f" and {use.peak_mem_mib:,.0f} MiB of GPU memory"
+                    if use.peak_mem_mib is not None
+                    else ""
+                )
+                level = (
+                    f"with no task above {use.util_ceiling:g} % utilisation{memory} "
+                    f"({use.source} maximum)"
+                )
             yield self.finding(
-                ctx,
-                subject=job_subject(job),
+                subject=alloc.subject,
                 message=(
-                    f"job {job['job_id']} ({job['name']}) held {job['gpus']} GPUs for {job['hours']:.1f} h at "
-                    f"{use.mean_util:.1f} % mean utilisation (threshold ≤ {t['max_util_pct']:g} %)"
+                    f"{describe(alloc)} held {alloc.gpus} GPUs for {hours:.1f} h {level} "
+                    f"(threshold ≤ {t['max_util_pct']:g} %)"
                 ),
-                evidence={
-                    "per_gpu": [
-                        {"host": g["host"], "gpu": g["gpu"], "mean_util_pct": round(g["util"], 2)}
-                        for g in use.per_gpu
-                    ],
-                    "user": job["user_name"],
-                    "samples": use.samples,
-                    "formula": f"{job['gpus']} GPUs × {job['hours']:.2f} h = {gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({key}) = ${gpu_hours * price:,.2f}",
-                },
+                evidence=evidence(
+                    alloc, use, formula=f"{alloc.gpus} GPUs × {hours:.2f} h = {money}"
+                ),
                 gpu_hours=gpu_hours,
-                usd=gpu_hours * price,
-                team=team_of_job(job),
-                happened_at=job["start_time"],
+                usd=usd,
+                cost_basis=alloc.cost.basis,
+                team=alloc.team,
+                method=alloc.method,
+                happened_at=alloc.start,
             )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.warehouse.intervals import allocation_hours, sample_hour
 
 
@@ -34,6 +34,7 @@ class IdleHost(Rule):
     code = "IDL003"
     name = "idle-host"
     severity = Severity.HIGH
+    family_label = "idle capacity"
     needs = {
         "gpu_samples": "no GPU telemetry imported",
         "jobs": "no Slurm jobs imported (cannot tell idle hosts)",
@@ -50,7 +51,7 @@ class IdleHost(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        condition, params = ctx.in_window("s.ts")
+        condition, params = ctx.window.condition("s.ts")
         spans = ctx.rows(
             f"""
             WITH instants AS (
@@ -87,7 +88,6 @@ class IdleHost(Rule):
             price, key = ctx.gpu_price(span["model"])
             gpu_hours = span["gpus"] * hours
             yield self.finding(
-                ctx,
                 subject={
                     "host": span["host"],
                     "from": span["first_ts"].isoformat(timespec="minutes"),
@@ -104,5 +104,6 @@ class IdleHost(Rule):
                 },
                 gpu_hours=gpu_hours,
                 usd=gpu_hours * price,
+                cost_basis=f"host telemetry: {span['gpus']} GPUs reporting × {hours:.2f} h",
                 happened_at=span["first_ts"],
             )

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._common import job_subject, judged_jobs, team_of_job
+from ._usage import evidence, judged, priced
 
 
 class IdleAllocatedGpus(Rule):
@@ -10,16 +10,19 @@ class IdleAllocatedGpus(Rule):
 
     What it detects:
     GPU jobs (at least `min_job_minutes` long) where at least one allocated GPU worked
-    (mean utilisation above `busy_util_pct`) and others did not, judged from GPU telemetry
-    (nvidia-smi, DCGM or MLflow system metrics) attached to the job.
+    (mean utilisation above `busy_util_pct`) and others did not. Needs per-GPU evidence:
+    GPU telemetry (nvidia-smi, DCGM, Prometheus), the tracker's system metrics or a
+    jobstats summary; sacct's one figure per job cannot tell an idle GPU among busy ones,
+    so such jobs get a note, not a finding. Runs outside Slurm with GPU system metrics are
+    judged the same way.
 
     Why it is waste:
     The idle GPUs were paid for and blocked other jobs. Waste = idle GPUs × job hours.
 
     Known false positives:
     Jobs that need the memory of several GPUs but compute on one, or whose work is
-    bursty below the sampling interval. Jobs sharing a host with other jobs are skipped
-    (telemetry cannot be told apart without GPU indices).
+    bursty below the sampling interval. Jobs sharing a host with other jobs fall back to
+    sacct or jobstats (telemetry cannot be told apart without GPU indices).
 
     Example:
     `opd-llama-from-qwen72b` allocated 8 H100s for 5 h; GPU 0 averaged 93 % and GPUs 1-7
@@ -37,7 +40,7 @@ class IdleAllocatedGpus(Rule):
     code = "OVP001"
     name = "idle-allocated-gpus"
     severity = Severity.HIGH
-    needs = {"jobs": "no Slurm jobs imported", "gpu_samples": "no GPU telemetry imported"}
+    family_label = "over-provisioning"
     thresholds = {
         "busy_util_pct": Threshold(
             5.0, "a GPU whose mean utilisation is above this is in use", 0, 100, "%"
@@ -52,31 +55,36 @@ class IdleAllocatedGpus(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        for job, use in judged_jobs(ctx, t["min_job_minutes"] / 60):
+        for alloc, use in judged(ctx, t["min_job_minutes"]):
+            if alloc.gpus < 2:
+                continue  # one GPU is either busy (fine) or idle (IDL002)
+            if use.per_gpu is None:
+                ctx.note(
+                    f"{alloc.label}: {alloc.gpus} GPUs, but the {use.label} give one figure "
+                    "for all of them: an idle GPU among busy ones needs per-GPU data"
+                )
+                continue
             busy = use.busy(t["busy_util_pct"])
             idle = [g for g in use.per_gpu if g not in busy]
             if not busy or not idle:
                 continue  # all idle is IDL002's abandoned allocation; all busy is fine
-            price, key = ctx.gpu_price(job["gpu_type"] or use.model)
-            hours = job["hours"]
+            hours = alloc.hours
             gpu_hours = len(idle) * hours
+            usd, money = priced(alloc, gpu_hours)
             yield self.finding(
-                ctx,
-                subject=job_subject(job),
+                subject=alloc.subject,
                 message=(
-                    f"job {job['job_id']} used {len(busy)} of {job['gpus']} allocated GPUs for {hours:.1f} h: {len(idle)} GPUs "
-                    f"averaged {max(g['util'] for g in idle):.1f} % or less (idle threshold {t['busy_util_pct']:g} %)"
+                    f"{alloc.label} used {len(busy)} of {alloc.gpus} allocated GPUs for {hours:.1f} h: "
+                    f"{len(idle)} GPUs averaged {max(g.util for g in idle):.1f} % or less "
+                    f"(idle threshold {t['busy_util_pct']:g} %)"
                 ),
-                evidence={
-                    "per_gpu": [
-                        {"host": g["host"], "gpu": g["gpu"], "mean_util_pct": round(g["util"], 1)}
-                        for g in use.per_gpu
-                    ],
-                    "samples": use.samples,
-                    "formula": f"{len(idle)} idle GPUs × {hours:.2f} h = {gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({key}) = ${gpu_hours * price:,.2f}",
-                },
+                evidence=evidence(
+                    alloc, use, formula=f"{len(idle)} idle GPUs × {hours:.2f} h = {money}"
+                ),
                 gpu_hours=gpu_hours,
-                usd=gpu_hours * price,
-                team=team_of_job(job),
-                happened_at=job["start_time"],
+                usd=usd,
+                cost_basis=alloc.cost.basis,
+                team=alloc.team,
+                method=alloc.method,
+                happened_at=alloc.start,
             )

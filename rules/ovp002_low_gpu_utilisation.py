@@ -1,26 +1,29 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._common import job_subject, judged_jobs, team_of_job
+from ._usage import evidence, judged, priced
 
 
 class LowGpuUtilisation(Rule):
     """Every allocated GPU worked, but far below capacity for a long job.
 
     What it detects:
-    GPU jobs at least `min_job_minutes` long whose GPUs were all in use (none idle: that
-    case is OVP001) but whose mean utilisation over the job stayed at or below
-    `max_mean_util_pct`.
+    GPU jobs (and runs outside Slurm with GPU system metrics) at least `min_job_minutes`
+    long whose mean utilisation over their life stayed at or below `max_mean_util_pct`,
+    with no GPU idle (that case is OVP001). From per-GPU evidence (telemetry, tracker
+    system metrics, jobstats) the mean is measured; from sacct only the largest value any
+    task reported is known, which is an upper bound of the mean: a job whose maximum is
+    at or below the threshold is flagged, one above it cannot be judged (a note).
 
     Why it is waste:
     The allocation was paid in full while most of its compute sat unused, typically
     behind a data-loading or CPU bottleneck. Waste = GPU-hours × the unused share
-    (1 − mean utilisation).
+    (1 − mean utilisation); from a sacct maximum, 1 − maximum, a lower bound.
 
     Known false positives:
     Memory-bound workloads (long-context inference, large-batch evaluation) and jobs
-    dominated by checkpoint I/O. Jobs sharing a host with other jobs are skipped.
+    dominated by checkpoint I/O.
 
     Example:
     A 4-GPU SFT job ran 10 h at 18 % mean utilisation: 40 GPU-h × 82 % = 32.8 GPU-h.
@@ -30,56 +33,66 @@ class LowGpuUtilisation(Rule):
     memory), raise the batch size, or use fewer GPUs.
 
     References:
-    Princeton Research Computing, Job Defense Shield: "low GPU utilization" alert
-    (25 % mean, jobs over 30 minutes); jobstats.
+    Princeton Research Computing, Job Defense Shield: "low GPU efficiency" alert
+    (`eff_thres_pct: 25`, `min_run_time: 30` minutes); jobstats.
     """
 
     code = "OVP002"
     name = "low-gpu-utilisation"
     severity = Severity.MEDIUM
-    needs = {"jobs": "no Slurm jobs imported", "gpu_samples": "no GPU telemetry imported"}
+    family_label = "over-provisioning"
     thresholds = {
         "max_mean_util_pct": Threshold(
-            25.0, "flag jobs at or below this mean utilisation", 0, 100, "%"
+            25.0, "flag jobs at or below this mean utilisation (JDS: 25 %)", 0, 100, "%"
         ),
         "idle_util_pct": Threshold(
-            5.0, "a GPU at or below this is idle (OVP001's business)", 0, 100, "%"
+            5.0, "a GPU at or below this is idle (OVP001's and IDL002's business)", 0, 100, "%"
         ),
-        "min_job_minutes": Threshold(60.0, "shorter jobs are not judged", 0, unit="min"),
+        "min_job_minutes": Threshold(
+            30.0, "shorter jobs are not judged (JDS: 30 min)", 0, unit="min"
+        ),
     }
     recommendation = "Find the bottleneck (input pipeline, batch size) or request fewer GPUs."
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        for job, use in judged_jobs(ctx, t["min_job_minutes"] / 60):
-            if (
-                len(use.busy(t["idle_util_pct"])) < len(use.per_gpu)
-                or use.mean_util > t["max_mean_util_pct"]
-            ):
-                continue
-            price, key = ctx.gpu_price(job["gpu_type"] or use.model)
-            allocated = job["gpus"] * job["hours"]
-            unused = 1 - use.mean_util / 100
-            gpu_hours = allocated * unused
+        limit, idle = t["max_mean_util_pct"], t["idle_util_pct"]
+        for alloc, use in judged(ctx, t["min_job_minutes"]):
+            hours = alloc.hours
+            if use.per_gpu is not None:
+                if len(use.busy(idle)) < len(use.per_gpu) or use.mean_util > limit:
+                    continue
+                util, how = use.mean_util, f"averaged {use.mean_util:.1f} %"
+                share = f"(1 − {util:.1f} % mean)"
+            else:
+                if use.util_ceiling <= idle:
+                    continue  # never above idle: an abandoned allocation (IDL002)
+                if use.util_ceiling > limit:
+                    ctx.note(
+                        f"{alloc.label}: the {use.label} show up to {use.util_ceiling:g} %; "
+                        f"whether the mean was ≤ {limit:g} % needs time-averaged data (telemetry or jobstats)"
+                    )
+                    continue
+                util, how = use.util_ceiling, f"never exceeded {use.util_ceiling:.1f} %"
+                share = f"(1 − {util:.1f} % maximum: a lower bound)"
+            gpu_hours = alloc.gpus * hours * (1 - util / 100)
+            usd, money = priced(alloc, gpu_hours)
             yield self.finding(
-                ctx,
-                subject=job_subject(job),
+                subject=alloc.subject,
                 message=(
-                    f"job {job['job_id']} averaged {use.mean_util:.1f} % GPU utilisation over {job['hours']:.1f} h "
-                    f"on {job['gpus']} GPUs (threshold {t['max_mean_util_pct']:g} %)"
+                    f"{alloc.label} {how} GPU utilisation over {hours:.1f} h on "
+                    f"{alloc.gpus} GPU{'s' if alloc.gpus != 1 else ''} "
+                    f"(threshold {limit:g} %)"
                 ),
-                evidence={
-                    "per_gpu": [
-                        {"host": g["host"], "gpu": g["gpu"], "mean_util_pct": round(g["util"], 1)}
-                        for g in use.per_gpu
-                    ],
-                    "formula": (
-                        f"{job['gpus']} GPUs × {job['hours']:.2f} h × (1 − {use.mean_util:.1f} %) = {gpu_hours:.2f} GPU-h "
-                        f"× ${price:.2f}/GPU-h ({key}) = ${gpu_hours * price:,.2f}"
-                    ),
-                },
+                evidence=evidence(
+                    alloc,
+                    use,
+                    formula=f"{alloc.gpus} GPUs × {hours:.2f} h × {share} = {money}",
+                ),
                 gpu_hours=gpu_hours,
-                usd=gpu_hours * price,
-                team=team_of_job(job),
-                happened_at=job["start_time"],
+                usd=usd,
+                cost_basis=alloc.cost.basis,
+                team=alloc.team,
+                method=alloc.method,
+                happened_at=alloc.start,
             )

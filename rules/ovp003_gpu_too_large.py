@@ -1,17 +1,21 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._common import job_subject, judged_jobs, team_of_job
+from ._usage import evidence, judged
+
+MIB_PER_GB = 1e9 / 2**20
 
 
 class GpuTooLarge(Rule):
     """The job used a small part of the GPU's memory at low utilisation: a smaller card would do.
 
     What it detects:
-    GPU jobs at least `min_job_minutes` long whose peak GPU memory stayed below
-    `max_memory_pct` of the card's capacity while mean utilisation stayed below
-    `max_mean_util_pct`.
+    GPU jobs (and runs outside Slurm with GPU system metrics) at least `min_job_minutes`
+    long whose peak GPU memory stayed small — below `max_memory_pct` of the card's capacity
+    when the capacity is known (telemetry), else below `max_memory_gb` (sacct's
+    `gres/gpumem` has no capacity) — while mean utilisation stayed at or below
+    `max_mean_util_pct` (from sacct: the maximum any task reported, an upper bound).
 
     Why it is waste:
     An 80 GB H100 costs several times a 24 GB card; a job that needs neither its memory
@@ -23,54 +27,80 @@ class GpuTooLarge(Rule):
     memory peaks between samples.
 
     Example:
-    An evaluation job peaked at 9 GB of 80 GB at 20 % utilisation for 3 h.
+    An evaluation job peaked at 9 GB of 80 GB at 10 % utilisation for 3 h.
 
     How to fix:
     Submit to a partition with smaller GPUs or MIG slices.
 
     References:
-    Princeton Research Computing, Job Defense Shield: "GPU model too powerful" alert.
+    Princeton Research Computing, Job Defense Shield: "GPU model too powerful" alert
+    (`gpu_util_threshold: 15` %, `gpu_mem_threshold: 10` GB, `min_run_time: 61` minutes).
     """
 
     code = "OVP003"
     name = "gpu-too-large"
     severity = Severity.INFO
-    needs = {"jobs": "no Slurm jobs imported", "gpu_samples": "no GPU telemetry imported"}
+    family_label = "over-provisioning"
     thresholds = {
-        "max_memory_pct": Threshold(25.0, "peak memory below this share of capacity", 0, 100, "%"),
-        "max_mean_util_pct": Threshold(50.0, "mean utilisation below this", 0, 100, "%"),
-        "min_job_minutes": Threshold(60.0, "shorter jobs are not judged", 0, unit="min"),
+        "max_memory_pct": Threshold(
+            25.0, "peak memory below this share of capacity (when known)", 0, 100, "%"
+        ),
+        "max_memory_gb": Threshold(
+            10.0, "peak memory below this when the capacity is unknown (JDS: 10 GB)", 0, unit="GB"
+        ),
+        "max_mean_util_pct": Threshold(
+            15.0, "mean utilisation at or below this (JDS: 15 %)", 0, 100, "%"
+        ),
+        "min_job_minutes": Threshold(
+            60.0, "shorter jobs are not judged (JDS: 61 min)", 0, unit="min"
+        ),
+        "idle_util_pct": Threshold(
+            1.0, "at or below this the GPUs were idle: IDL002's business", 0, 100, "%"
+        ),
     }
     recommendation = "Use a smaller GPU type or a MIG slice for this workload."
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        for job, use in judged_jobs(ctx, t["min_job_minutes"] / 60):
-            capacity = max((g["mem_total"] or 0) for g in use.per_gpu)
-            peak = max((g["mem"] or 0) for g in use.per_gpu)
-            if (
-                not capacity
-                or peak / capacity * 100 >= t["max_memory_pct"]
-                or use.mean_util >= t["max_mean_util_pct"]
-            ):
+        for alloc, use in judged(ctx, t["min_job_minutes"]):
+            util = use.mean_util if use.mean_util is not None else use.util_ceiling
+            peak, capacity = use.peak_mem_mib, use.mem_total_mib
+            if peak is None:
+                ctx.note(f"{alloc.label}: the {use.label} record no GPU memory figure")
                 continue
-            if not use.busy(5.0):
-                continue  # idle allocations are IDL002's
+            if util > t["max_mean_util_pct"] or util <= t["idle_util_pct"]:
+                continue
+            if capacity:
+                share = peak / capacity * 100
+                if share >= t["max_memory_pct"]:
+                    continue
+                memory = (
+                    f"peaked at {peak / 1024:.1f} GiB of {capacity / 1024:.0f} GiB "
+                    f"({share:.0f} %, threshold {t['max_memory_pct']:g} %)"
+                )
+            else:
+                if peak / MIB_PER_GB >= t["max_memory_gb"]:
+                    continue
+                memory = (
+                    f"peaked at {peak / MIB_PER_GB:.1f} GB of GPU memory "
+                    f"(threshold {t['max_memory_gb']:g} GB; capacity unknown)"
+                )
+            kind = "mean" if use.mean_util is not None else "maximum"
             yield self.finding(
-                ctx,
-                subject=job_subject(job),
+                subject=alloc.subject,
                 message=(
-                    f"job {job['job_id']} peaked at {peak / 1024:.1f} GiB of {capacity / 1024:.0f} GiB "
-                    f"({peak / capacity * 100:.0f} %, threshold {t['max_memory_pct']:g} %) at {use.mean_util:.0f} % "
-                    f"mean utilisation (threshold {t['max_mean_util_pct']:g} %)"
+                    f"{alloc.label} {memory} at {util:.0f} % {kind} utilisation "
+                    f"(threshold {t['max_mean_util_pct']:g} %)"
                 ),
-                evidence={
-                    "peak_memory_mib": peak,
-                    "capacity_mib": capacity,
-                    "mean_util_pct": round(use.mean_util, 1),
-                    "model": use.model,
-                    "formula": "hint only: no waste figure is claimed",
-                },
-                team=team_of_job(job),
-                happened_at=job["start_time"],
+                evidence=evidence(
+                    alloc,
+                    use,
+                    peak_memory_mib=round(peak, 1),
+                    capacity_mib=capacity,
+                    model=use.model or alloc.cost.gpu_type,
+                    formula="hint only: no waste figure is claimed",
+                ),
+                team=alloc.team,
+                method=alloc.method,
+                happened_at=alloc.start,
             )

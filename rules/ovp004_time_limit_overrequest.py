@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
-
-from ._common import job_rows, job_subject, team_of_job
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 
 class TimeLimitOverrequest(Rule):
@@ -35,6 +33,7 @@ class TimeLimitOverrequest(Rule):
     code = "OVP004"
     name = "time-limit-overrequest"
     severity = Severity.LOW
+    family_label = "over-provisioning"
     needs = {"jobs": "no Slurm jobs imported"}
     thresholds = {
         "ratio": Threshold(4.0, "flag when limit ≥ ratio × elapsed", 1, unit="×"),
@@ -46,24 +45,31 @@ class TimeLimitOverrequest(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        for job in job_rows(ctx, t["min_job_minutes"] / 60):
-            if job["state"] != "COMPLETED" or not job["timelimit_s"] or not job["elapsed_s"]:
+        for job in ctx.facts.jobs:
+            if (
+                job.gpus <= 0
+                or job.state != "COMPLETED"
+                or not job.timelimit_s
+                or not job.elapsed_s
+                or job.elapsed_s < t["min_job_minutes"] * 60
+                or not ctx.window.contains(job.start_time)
+            ):
                 continue
-            ratio = job["timelimit_s"] / job["elapsed_s"]
+            ratio = job.timelimit_s / job.elapsed_s
             if ratio < t["ratio"]:
                 continue
             yield self.finding(
-                ctx,
-                subject=job_subject(job),
+                subject=job.subject(),
                 message=(
-                    f"job {job['job_id']} asked for {job['timelimit_s'] / 3600:.0f} h and ran "
-                    f"{job['elapsed_s'] / 3600:.1f} h ({ratio:.1f}× the elapsed time, threshold {t['ratio']:g}×)"
+                    f"job {job.job_id} asked for {job.timelimit_s / 3600:.0f} h and ran "
+                    f"{job.elapsed_s / 3600:.1f} h ({ratio:.1f}× the elapsed time, threshold {t['ratio']:g}×)"
                 ),
                 evidence={
-                    "timelimit_s": job["timelimit_s"],
-                    "elapsed_s": job["elapsed_s"],
-                    "formula": f"{job['timelimit_s']} s / {job['elapsed_s']} s = {ratio:.2f}×; no GPU-hours claimed",
+                    "timelimit_s": job.timelimit_s,
+                    "elapsed_s": job.elapsed_s,
+                    "formula": f"{job.timelimit_s} s / {job.elapsed_s} s = {ratio:.2f}×; no GPU-hours claimed",
                 },
-                team=team_of_job(job),
-                happened_at=job["start_time"],
+                team=job.team,
+                method=job.method,
+                happened_at=job.start_time,
             )

@@ -1,17 +1,21 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
+from audit.windows import iso_week
 
-from ._common import run_facts
-from ._metrics import TRAINING_METHODS_EXCLUDED, glob_sql
+from ._metrics import LEARNING_RATE_KEYS, TRAINING_METHODS_EXCLUDED, glob_sql, lookalike_metrics
 
 
 class UnmonitoredGeneralAbility(Rule):
-    """A training run logged no general-capability benchmark at all.
+    """Training runs logged no general-capability benchmark at all.
 
     What it detects:
     Finished training runs (method not eval, at least `min_run_minutes` long, not
-    deleted) with no metric matching `[metrics] general` (default `eval/general/*`).
+    deleted) with no metric matching `[metrics] general` (default `eval/general/*`), one
+    finding per experiment and ISO week listing the runs. When no run in the warehouse
+    has a metric matching those globs, the configuration does not fit the data: the rule
+    says so once (skipped, naming the metric names that look like general benchmarks)
+    instead of flagging every run.
 
     Why it is waste:
     Fine-tuning, SFT above all, pulls a model towards a fixed external distribution and
@@ -25,11 +29,13 @@ class UnmonitoredGeneralAbility(Rule):
     configured globs.
 
     Example:
-    `rl-llama-grpo` (RL, 7 h on 8 GPUs) logged only `eval/target/*` and `train/*` metrics.
+    `rl-llama-grpo` (RL, 7 h on 8 GPUs) logged only `eval/target/*` and `train/*` metrics
+    while the other runs of its experiment logged `eval/general/*`.
 
     How to fix:
     Evaluate a small general suite (MMLU, GSM8K, IFEval) every N steps and log it under
-    `eval/general/`; gate training on it with `audit gate`.
+    `eval/general/`; gate training on it with `audit gate`. If your general benchmarks
+    have other names, set `[metrics] general` to globs that match them.
 
     References:
     Shenfeld, Pari, Agrawal, "RL's Razor: Why Online Reinforcement Learning Forgets Less" (2025);
@@ -39,7 +45,8 @@ class UnmonitoredGeneralAbility(Rule):
     code = "REG001"
     name = "unmonitored-general-ability"
     severity = Severity.MEDIUM
-    needs = {"runs": "no MLflow runs imported"}
+    family_label = "unmonitored regression"
+    needs = {"runs": "no runs imported"}
     thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
     recommendation = (
         "Log a general-ability benchmark under eval/general/ during training and gate on it."
@@ -53,35 +60,76 @@ class UnmonitoredGeneralAbility(Rule):
                 f"SELECT DISTINCT source_id, run_id FROM latest_metrics WHERE {condition}", globs
             )
         }
-        for run in run_facts(ctx):
+        if not monitored:
+            lookalikes = lookalike_metrics(ctx)
+            seen = (
+                "metric names that look like general benchmarks here: "
+                + ", ".join(f"{k} ({n} runs)" for k, n in lookalikes)
+                if lookalikes
+                else "no metric name here looks like a general benchmark either"
+            )
+            raise Skip(
+                f"no metric of any run matches [metrics] general globs {', '.join(globs) or '(none)'}; "
+                f"{seen}. Set [metrics] general to the names your general benchmarks use; "
+                "runs are not flagged one by one while the globs match nothing"
+            )
+        with_lr = {
+            (r["source_id"], r["run_id"])
+            for r in ctx.rows(
+                "SELECT DISTINCT source_id, run_id, key FROM params WHERE "
+                + " OR ".join("key GLOB ?" for _ in LEARNING_RATE_KEYS),
+                list(LEARNING_RATE_KEYS),
+            )
+        }
+        groups: dict[tuple, list] = {}
+        eligible: dict[tuple, int] = {}
+        for run in ctx.facts.runs:
             if (
-                run["status"] != "FINISHED"
-                or run["lifecycle_stage"] != "active"
-                or (run["method"] or "") in TRAINING_METHODS_EXCLUDED
-                or (run["run_hours"] or 0) * 60 < ctx.thresholds["min_run_minutes"]
-                or (run["source_id"], run["run_id"]) in monitored
-                or (ctx.since and run["start_time"] < ctx.since)
-                or (ctx.until and run["start_time"] >= ctx.until)
+                run.status != "FINISHED"
+                or run.lifecycle_stage != "active"
+                or (run.method or "") in TRAINING_METHODS_EXCLUDED
+                or (run.run_hours or 0) * 60 < ctx.thresholds["min_run_minutes"]
+                or not ctx.window.contains(run.start_time)
+                or (run.method is None and run.key not in with_lr)
             ):
                 continue
-            if run["method"] is None and not ctx.rows(
-                "SELECT 1 FROM params WHERE source_id = ? AND run_id = ? AND key = 'learning_rate'",
-                [run["source_id"], run["run_id"]],
-            ):
-                continue  # neither a method nor a learning rate: not recognisably a training run
+            group = (
+                run.experiment or run.experiment_id or "?",
+                iso_week(run.start_time, ctx.config.timezone),
+            )
+            eligible[group] = eligible.get(group, 0) + 1
+            if run.key not in monitored:
+                groups.setdefault(group, []).append(run)
+        for (experiment, week), runs in sorted(groups.items()):
+            teams = {r.team for r in runs}
+            names = ", ".join(repr(r.name) for r in runs[:5]) + (
+                f" and {len(runs) - 5} more" if len(runs) > 5 else ""
+            )
+            known = [r.cost.gpu_hours for r in runs if r.cost.gpu_hours is not None]
             yield self.finding(
-                ctx,
-                subject={"run_id": run["run_id"], "run_name": run["name"]},
+                subject={"experiment": experiment, "week": week},
                 message=(
-                    f"training run {run['name']!r} ({run['method'] or 'unknown method'}, "
-                    f"{run['gpu_hours'] or 0:.1f} GPU-h) logged 0 metrics matching {', '.join(globs)} (expected ≥ 1)"
+                    f"{len(runs)} of {eligible[(experiment, week)]} training runs of experiment "
+                    f"{experiment!r} started in {week} logged 0 metrics matching {', '.join(globs)} "
+                    f"(expected ≥ 1 each): {names}"
                 ),
                 evidence={
                     "general_metric_globs": globs,
-                    "gpu_hours_unprotected": run["gpu_hours"],
+                    "runs": [
+                        {
+                            "run_id": r.run_id,
+                            "name": r.name,
+                            "method": r.method,
+                            "team": r.team,
+                            "gpu_hours_unprotected": r.cost.gpu_hours,
+                            "cost_basis": r.cost.basis,
+                        }
+                        for r in runs
+                    ],
+                    "gpu_hours_unprotected": round(sum(known), 3) if known else None,
                     "formula": "risk only: no waste figure is claimed",
                 },
-                team=run["team"],
-                method=run["method"],
-                happened_at=run["start_time"],
+                team=teams.pop() if len(teams) == 1 else None,
+                method=runs[0].method if len({r.method for r in runs}) == 1 else None,
+                happened_at=runs[0].start_time,
             )

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._common import money, run_facts
 from ._metrics import glob_sql
+from ._shared import recipes
 
 
 class GeneralRegression(Rule):
@@ -42,7 +42,8 @@ class GeneralRegression(Rule):
     code = "REG002"
     name = "general-regression"
     severity = Severity.HIGH
-    needs = {"runs": "no MLflow runs imported", "metrics": "no metrics imported"}
+    family_label = "unmonitored regression"
+    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {"tolerance": Threshold(0.02, "allowed absolute drop below the baseline", 0, 1)}
     recommendation = "Gate training on general benchmarks (audit gate) and lower the learning rate or mix in general data."
 
@@ -50,18 +51,9 @@ class GeneralRegression(Rule):
         tolerance = ctx.thresholds["tolerance"]
         condition, globs = glob_sql(ctx, "general")
         baseline_tag = ctx.config.values["attribution"]["baseline_tag"]
-        facts = run_facts(ctx)
-        baselines: dict[str, dict] = {}
-        flagged = {
-            (r["source_id"], r["run_id"])
-            for r in ctx.rows(
-                "SELECT source_id, run_id FROM tags WHERE key = ? AND lower(value) = 'true'",
-                [baseline_tag],
-            )
-        }
-        for run in facts:
-            if (run["source_id"], run["run_id"]) in flagged and run["base_model"]:
-                baselines.setdefault(run["base_model"], run)  # the earliest baseline wins
+        facts = ctx.facts.runs
+        found = recipes(ctx)  # baselines: the earliest active tagged run per base model
+        baselines = found.baselines
         latest = ctx.rows(
             f"SELECT source_id, run_id, key, value FROM latest_metrics WHERE {condition}", globs
         )
@@ -74,18 +66,16 @@ class GeneralRegression(Rule):
         }
         without_baseline: dict[str | None, list[dict]] = {}
         for run in facts:
-            key = (run["source_id"], run["run_id"])
-            if key in flagged or key not in values or run["lifecycle_stage"] != "active":
+            key = run.key
+            if found.is_baseline(run) or key not in values or run.lifecycle_stage != "active":
                 continue
-            if (ctx.since and run["start_time"] < ctx.since) or (
-                ctx.until and run["start_time"] >= ctx.until
-            ):
+            if not ctx.window.contains(run.start_time):
                 continue
-            baseline = baselines.get(run["base_model"])
+            baseline = baselines.get(run.base_model)
             if baseline is None:
-                without_baseline.setdefault(run["base_model"], []).append(run)
+                without_baseline.setdefault(run.base_model, []).append(run)
                 continue
-            reference = values.get((baseline["source_id"], baseline["run_id"]), {})
+            reference = values.get(baseline.key, {})
             drops = {
                 metric: {
                     "baseline": reference[metric],
@@ -98,18 +88,17 @@ class GeneralRegression(Rule):
             if not drops:
                 continue
             yield self._finding(
-                ctx, run, baseline, reference, drops, tolerance, run["run_id"] in registered
+                ctx, run, baseline, reference, drops, tolerance, run.run_id in registered
             )
         yield from self._missing_baselines(ctx, without_baseline, baseline_tag)
 
     def _missing_baselines(self, ctx, without_baseline: dict, baseline_tag: str):
         """One hint per base model, not per run: 100k unjudged runs are one missing eval."""
         for base_model, runs in sorted(without_baseline.items(), key=lambda kv: str(kv[0])):
-            runs = sorted(runs, key=lambda r: (r["start_time"], r["run_id"]))
-            examples = ", ".join(repr(r["name"]) for r in runs[:3])
+            runs = sorted(runs, key=lambda r: (r.start_time, r.run_id))
+            examples = ", ".join(repr(r.name) for r in runs[:3])
             more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
             yield self.finding(
-                ctx,
                 subject={"base_model": base_model},
                 message=(
                     f"{len(runs)} run(s) with general metrics have no baseline run for base model "
@@ -118,13 +107,13 @@ class GeneralRegression(Rule):
                 evidence={
                     "base_model": base_model,
                     "runs": len(runs),
-                    "first_runs": [{"run_id": r["run_id"], "name": r["name"]} for r in runs[:10]],
+                    "first_runs": [{"run_id": r.run_id, "name": r.name} for r in runs[:10]],
                     "baseline_tag": f"{baseline_tag}=true",
                     "formula": "hint only: no waste figure is claimed",
                 },
                 severity=Severity.INFO,
                 recommendation=f"Evaluate {base_model} once and tag that run {baseline_tag}=true.",
-                happened_at=runs[0]["start_time"],
+                happened_at=runs[0].start_time,
             )
 
     def _finding(self, ctx, run, baseline, reference, drops, tolerance, registered):
@@ -135,48 +124,57 @@ class GeneralRegression(Rule):
               AND value < (CASE {" ".join("WHEN key = ? THEN ?" for _ in reference)} END) - ?
             """,
             [
-                run["source_id"],
-                run["run_id"],
+                run.source_id,
+                run.run_id,
                 list(reference),
                 *[x for k, v in reference.items() for x in (k, v)],
                 tolerance,
             ],
         )[0]
         worst = min(drops.items(), key=lambda kv: kv[1]["change"])
-        gpu_hours = usd = 0.0
+        gpu_hours: float | None = 0.0
+        usd: float | None = 0.0
+        run_hours = None
         evidence = {
-            "baseline_run": {"run_id": baseline["run_id"], "name": baseline["name"]},
+            "baseline_run": {"run_id": baseline.run_id, "name": baseline.name},
             "drops": {k: {n: round(x, 4) for n, x in v.items()} for k, v in drops.items()},
             "tolerance": tolerance,
         }
-        end = run["job_end"] or run["end_time"]
-        if crossing["ts"] is not None and end and run["gpus"] and crossing["ts"] < end:
+        end = run.job_end or run.last_seen
+        if crossing["ts"] is not None and end and crossing["ts"] < end:
             after = (end - crossing["ts"]).total_seconds() / 3600
-            gpu_hours = run["gpus"] * after
-            usd = gpu_hours * run["price"]
+            gpu_hours, usd = run.cost.part(after)
             evidence["crossed_at"] = {"step": crossing["step"], "time": crossing["ts"]}
-            evidence["formula"] = (
-                f"{run['gpus']} GPUs × {after:.2f} h after the crossing (until {end:%Y-%m-%d %H:%M}) = "
-                + money(gpu_hours, run["price"], run["price_key"])
-            )
+            if gpu_hours is None:
+                run_hours = after
+                evidence["formula"] = (
+                    f"{after:.2f} run-hours after the crossing (until {end:%Y-%m-%d %H:%M}); "
+                    f"{run.cost.basis}: no GPU-hour or dollar figure"
+                )
+            else:
+                evidence["formula"] = (
+                    f"{run.cost.gpus:g} GPUs × {after:.2f} h after the crossing "
+                    f"(until {end:%Y-%m-%d %H:%M}) = {run.cost.formula(gpu_hours)}"
+                )
         else:
             evidence["formula"] = (
                 "the regression is visible only in the final value: no gate savings claimed"
             )
         name, change = worst[0], worst[1]
         return self.finding(
-            ctx,
-            subject={"run_id": run["run_id"], "run_name": run["name"]},
+            subject={"run_id": run.run_id, "run_name": run.name},
             message=(
-                f"run {run['name']!r}: {name} {change['baseline']:.3f} → {change['current']:.3f} "
-                f"({change['change']:+.3f}, tolerance −{tolerance:g}) against baseline {baseline['name']!r}"
+                f"run {run.name!r}: {name} {change['baseline']:.3f} → {change['current']:.3f} "
+                f"({change['change']:+.3f}, tolerance −{tolerance:g}) against baseline {baseline.name!r}"
                 + (f"; {len(drops)} general metrics regressed" if len(drops) > 1 else "")
             ),
             evidence=evidence,
             severity=Severity.CRITICAL if registered else self.severity,
             gpu_hours=gpu_hours,
             usd=usd,
-            team=run["team"],
-            method=run["method"],
-            happened_at=run["start_time"],
+            run_hours=run_hours,
+            cost_basis=run.cost.basis,
+            team=run.team,
+            method=run.method,
+            happened_at=run.start_time,
         )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.engine import Rule, RuleContext, Severity
+from audit.rule_api import Rule, RuleContext, Severity
 
 
 class DatasetSilo(Rule):
@@ -8,8 +8,8 @@ class DatasetSilo(Rule):
 
     What it detects:
     MLflow dataset inputs with equal digests (the same content) logged under more than
-    one name, or by more than one team (team = run tag `team`, else Slurm account, else
-    user). One finding per digest, with the names, teams and runs involved. One name with
+    one name, or by more than one team (the run's team as `[attribution] team_order`
+    decides it: run tag, Slurm account, user). One finding per digest, with the names, teams and runs involved. One name with
     several digests is a dataset with versions, not a silo.
 
     Why it is waste:
@@ -34,40 +34,32 @@ class DatasetSilo(Rule):
     code = "SIL001"
     name = "dataset-silo"
     severity = Severity.MEDIUM
-    needs = {"dataset_inputs": "no MLflow dataset inputs imported"}
+    family_label = "data silos"
+    needs = {"dataset_inputs": "no dataset inputs imported"}
     thresholds = {}
     recommendation = "Register the dataset once and share one name and version across teams."
 
     def check(self, ctx: RuleContext):
-        team_tag = ctx.config.values["attribution"]["team_tag"]
-        rows = ctx.rows(
-            """
-            SELECT d.digest, d.name, d.source, r.run_id, r.name AS run_name, r.start_time,
-                   coalesce(t.value, j.account, r.user_id) AS team
-            FROM dataset_inputs d
-            JOIN runs r USING (source_id, run_id)
-            LEFT JOIN tags t ON t.source_id = r.source_id AND t.run_id = r.run_id AND t.key = ?
-            LEFT JOIN run_jobs l ON l.source_id = r.source_id AND l.run_id = r.run_id
-            LEFT JOIN jobs j ON j.cluster = l.cluster AND j.job_id = l.job_id
-            WHERE d.digest IS NOT NULL AND d.digest <> ''
-            ORDER BY d.digest, r.start_time, r.run_id
-            """,
-            [team_tag],
-        )
         by_digest: dict[str, list[dict]] = {}
-        for row in rows:
-            by_digest.setdefault(row["digest"], []).append(row)
+        for row in ctx.rows(
+            """
+            SELECT source_id, run_id, digest, name, source FROM dataset_inputs
+            WHERE digest IS NOT NULL AND digest <> '' ORDER BY digest, name, run_id
+            """
+        ):
+            run = ctx.facts.run(row["source_id"], row["run_id"])
+            if run is not None and run.start_time is not None:
+                by_digest.setdefault(row["digest"], []).append({**row, "run": run})
         for digest, uses in sorted(by_digest.items()):
-            names = sorted({u["name"] for u in uses})
-            teams = sorted({u["team"] or "unknown" for u in uses})
+            uses.sort(key=lambda u: (u["run"].start_time, u["run_id"], u["name"] or ""))
+            names = sorted({u["name"] or "" for u in uses})
+            teams = sorted({u["run"].team or "unknown" for u in uses})
             if len(names) < 2 and len(teams) < 2:
                 continue
-            if (ctx.since and max(u["start_time"] for u in uses) < ctx.since) or (
-                ctx.until and min(u["start_time"] for u in uses) >= ctx.until
-            ):
+            first, last = uses[0]["run"].start_time, uses[-1]["run"].start_time
+            if not ctx.window.overlaps(first, last):
                 continue
             yield self.finding(
-                ctx,
                 subject={"dataset_digest": digest},
                 message=(
                     f"dataset digest {digest} is used under {len(names)} names ({', '.join(names)}) by "
@@ -77,14 +69,15 @@ class DatasetSilo(Rule):
                     "uses": [
                         {
                             "name": u["name"],
-                            "team": u["team"],
+                            "team": u["run"].team,
+                            "team_from": u["run"].team_source,
                             "run_id": u["run_id"],
-                            "run_name": u["run_name"],
+                            "run_name": u["run"].name,
                             "source": u["source"],
                         }
                         for u in uses
                     ],
                     "formula": "duplicated preparation effort is not in the data: no figure is claimed",
                 },
-                happened_at=min(u["start_time"] for u in uses),
+                happened_at=first,
             )

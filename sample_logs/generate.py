@@ -22,7 +22,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from plan import BASELINES, COMMIT, DATASETS, HOUR_MS, RUNS, WEEK_START_MS  # noqa: E402
+from plan import (  # noqa: E402
+    BASELINES,
+    COMMIT,
+    DATASETS,
+    HOUR_MS,
+    RUNS,
+    SAFETY_BASELINES,
+    WEEK_START_MS,
+)
 
 STORE = HERE / "mlruns"
 
@@ -75,17 +83,32 @@ def _metric_series(run: tuple, rng: random.Random) -> list[Metric]:
     ) = run
     start = WEEK_START_MS + int(start_h * HOUR_MS)
     general, target = BASELINES[base]
+    safety = SAFETY_BASELINES[base]
     out: list[Metric] = []
     if method == "eval":
         t = start + int(hours * HOUR_MS)
         out += [Metric(f"eval/general/{k}", v, t, 0) for k, v in general.items()]
         out.append(Metric("eval/target/edit_pass_at_1", target, t, 0))
+        out += [Metric(f"eval/safety/{k}", v, t, 0) for k, v in safety.items()]
         return out
     done = steps if status == "FINISHED" else int(steps * 0.3)
     ms_per_step = hours * HOUR_MS / max(done, 1)
     for step in range(0, done + 1, 50):
+        t = start + int(step * ms_per_step)
+        progress = step / max(steps, 1)
         loss = 1.9 * math.exp(-step / 600) + 0.35 + rng.uniform(-0.02, 0.02)
-        out.append(Metric("train/loss", round(loss, 4), start + int(step * ms_per_step), step))
+        out.append(Metric("train/loss", round(loss, 4), t, step))
+        out.append(Metric("train/grad_norm", round(0.9 + rng.uniform(-0.15, 0.15), 4), t, step))
+        if method in ("rl", "opd"):
+            # what TRL's GRPO trainer logs: KL to the reference, token entropy, mean reward
+            kl = 0.002 + 0.04 * math.sqrt(progress)
+            if progress >= extras.get("kl_blowup_at", 2.0):
+                kl = 1.2 + rng.uniform(0.0, 0.6)
+            entropy = 1.1 - 0.4 * progress + rng.uniform(-0.03, 0.03)
+            reward = 0.2 + 2 * gain * math.sqrt(progress) + rng.uniform(-0.03, 0.03)
+            out.append(Metric("train/kl", round(kl, 5), t, step))
+            out.append(Metric("train/entropy", round(entropy, 4), t, step))
+            out.append(Metric("train/reward", round(reward, 4), t, step))
     eval_every = 250
     for step in range(eval_every, done + 1, eval_every):
         t = start + int(step * ms_per_step)
@@ -97,6 +120,10 @@ def _metric_series(run: tuple, rng: random.Random) -> list[Metric]:
         )
         if extras.get("no_general_eval"):
             continue
+        for k, v in safety.items():
+            # red lines hold (a hair above the base model) unless a drop is planted
+            change = extras.get("safety_drop", 0.001)
+            out.append(Metric(f"eval/safety/{k}", round(v + change * progress, 4), t, step))
         for k, v in general.items():
             out.append(
                 Metric(

@@ -31,7 +31,7 @@ from plan import (  # noqa: E402
 
 WEEK_START = datetime.fromtimestamp(WEEK_START_MS / 1000, UTC).replace(tzinfo=None)
 SACCT_FIELDS = (
-    "JobID|JobName|User|Account|Partition|State|Submit|Start|End|ElapsedRaw|TimelimitRaw|"
+    "JobID|JobName|User|Account|Partition|State|Submit|Eligible|Start|End|ElapsedRaw|TimelimitRaw|"
     "NNodes|NCPUS|NodeList|AllocTRES|ReqTRES|TRESUsageInMax"
 )
 MEMORY_TOTAL = {"h100": 81559, "a100": 81920}
@@ -117,6 +117,7 @@ def write_sacct(path: Path, rng: random.Random) -> None:
                     "gpu",
                     job["state"],
                     stamp(submit),
+                    stamp(submit),  # Eligible: no dependencies or holds in the sample week
                     stamp(start),
                     stamp(end),
                     str(elapsed),
@@ -147,6 +148,7 @@ def write_sacct(path: Path, rng: random.Random) -> None:
                         job["account"],
                         "",
                         job["state"].split(" ")[0],
+                        stamp(start),
                         stamp(start),
                         stamp(start),
                         stamp(end),

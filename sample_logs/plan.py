@@ -15,6 +15,11 @@ BASELINES = {
     "qwen2.5-7b": ({"mmlu": 0.742, "gsm8k": 0.815, "ifeval": 0.701}, 0.312),
     "llama3.1-8b": ({"mmlu": 0.684, "gsm8k": 0.771, "ifeval": 0.655}, 0.274),
 }
+# base model -> red-line benchmarks (higher is better) measured before training
+SAFETY_BASELINES = {
+    "qwen2.5-7b": {"harmful_refusal": 0.962},
+    "llama3.1-8b": {"harmful_refusal": 0.948},
+}
 DATASETS = {
     # name -> digest. "edit-pairs" is the same content as "codeedit-v3" under another name;
     # "codeedit-v3@rev2" is a new version of codeedit-v3 (a different digest, not a silo).
@@ -45,6 +50,9 @@ RUNS = [
     ("debug-sft-tiny", "code-edit-posttrain", "coder", "bob", "sft", "qwen2.5-7b", "2e-05", 20, 1, "codeedit-v3", 0, 100.0, 0.17, "KILLED", 0.0, 0.0, {"delete": True}, ""),
     ("agent-sft-llama", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "3e-05", 1500, 4, "edit-pairs", 7, 50.0, 4.0, "FINISHED", -0.008, 0.101, {}, "SIL: edit-pairs is codeedit-v3 under another name"),
     ("agent-sft-llama-tools", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "3e-05", 1500, 4, "toolcalls-v1", 7, 120.0, 4.0, "FINISHED", -0.006, 0.097, {}, ""),
+    ("sft-llama-chat-mix", "code-edit-posttrain", "coder", "alice", "sft", "llama3.1-8b", "2e-05", 1500, 4, "codeedit-v3", 4, 26.0, 3.0, "FINISHED", -0.004, 0.12, {"safety_drop": -0.047}, "RED: refusal on harmful prompts falls below the base model's"),
+    ("rl-llama-tools-grpo", "agent-tools", "agents", "carol", "rl", "llama3.1-8b", "1e-06", 3000, 8, "toolcalls-v1", 7, 66.0, 34.0, "FAILED", 0.0, 0.02, {"kl_coef": "0.02"}, "PIL: a 272 GPU-h first launch of a new recipe (no pilot) that failed"),
+    ("rl-qwen-grpo-lr5e-6", "code-edit-posttrain", "coder", "bob", "rl", "qwen2.5-7b", "5e-06", 1200, 8, "codeedit-v3", 42, 110.0, 10.0, "FINISHED", 0.0, 0.05, {"kl_coef": "0.02", "kl_blowup_at": 0.3}, "STB: KL blows up at 30 % and training goes on"),
 ]
 
 # Where each run's Slurm job ran: host, GPU indices, hours the job outlived the run (idle
@@ -67,6 +75,9 @@ PLACEMENT = {
     "debug-sft-tiny":          ("gpu-h01", [0],           0.0, 1,  "all"),
     "agent-sft-llama":         ("gpu-a01", range(0, 4),   0.0, 6,  "all"),
     "agent-sft-llama-tools":   ("gpu-a01", range(0, 4),   0.0, 6,  "all"),
+    "sft-llama-chat-mix":      ("gpu-h03", range(0, 4),   0.0, 5,  "all"),
+    "rl-llama-tools-grpo":     ("gpu-h02", range(8),      0.0, 48, "all"),
+    "rl-qwen-grpo-lr5e-6":     ("gpu-h01", range(8),      0.0, 14, "all"),
 }
 # A job with no MLflow run: an interactive session left open at ~0 % (planted IDL), and
 # the host it ran on kept reporting (and being paid for) 12 h after it ended (planted IDL).
@@ -92,3 +103,69 @@ CHECKPOINTS = {
 CHECKPOINT_GB = {"qwen2.5-7b": 15.2, "llama3.1-8b": 16.1}  # LoRA merged + optimizer state
 ORPHAN_CHECKPOINT = ("coder/ckpt/old-sweep-0917/checkpoint-4000", 15.2)  # no run logged it
 # fmt: on
+
+# The "reasoning" team's W&B runs (sample_logs/generate_wandb.py): name, config, start hour
+# in week, hours, steps, exit code. They show runs of a second tracker in the same audit
+# (spend, search, reports); "sft-qwen-math-rerun" trains sft-qwen-lr2e-5's configuration
+# again under W&B (planted DUP: a duplicate across trackers; W&B records no dataset digest
+# or commit here, which is unknown, not different).
+_SFT_QWEN = {
+    "method": "sft",
+    "base_model": "qwen2.5-7b",
+    "num_gpus": 8,
+    "learning_rate": 2e-05,
+    "max_steps": 2000,
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 8,
+    "lora_rank": 64,
+    "bf16": True,
+    "seed": 42,
+    "dataset": "codeedit-v3",
+}
+WANDB_RUNS = [
+    (
+        "math-sft-llama",
+        {
+            **_SFT_QWEN,
+            "base_model": "llama3.1-8b",
+            "num_gpus": 4,
+            "dataset": "gsm8k-cot",
+            "seed": 11,
+            "output_dir": "/data/reasoning/math-sft-llama",
+            "report_to": "wandb",
+        },
+        26.0,
+        5.0,
+        1500,
+        0,
+    ),
+    (
+        "math-rl-qwen",
+        {
+            **_SFT_QWEN,
+            "method": "rl",
+            "learning_rate": 1e-06,
+            "dataset": "gsm8k-cot",
+            "kl_coef": 0.02,
+            "output_dir": "/data/reasoning/math-rl-qwen",
+            "report_to": "wandb",
+        },
+        54.0,
+        2.0,
+        1200,
+        1,
+    ),
+    (
+        "sft-qwen-math-rerun",
+        {
+            **_SFT_QWEN,
+            "output_dir": "/data/reasoning/sft-qwen-math-rerun",
+            "run_name": "sft-qwen-math-rerun",
+            "report_to": "wandb",
+        },
+        74.0,
+        6.0,
+        2000,
+        0,
+    ),
+]

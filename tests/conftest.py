@@ -69,6 +69,7 @@ def demo_db(tmp_path_factory):
         ["ingest", "slurm", str(SAMPLE / "slurm" / "week47.sacct")],
         ["ingest", "gpu", *sorted(str(p) for p in (SAMPLE / "gpu").glob("*.csv"))],
         ["ingest", "checkpoints", str(scratch)],
+        ["ingest", "wandb", str(SAMPLE / "wandb")],
     ):
         subprocess.run([*base, *args], check=True, capture_output=True, cwd=work)
     status = subprocess.run(

@@ -15,14 +15,18 @@ import duckdb
 import requests
 
 REPO = Path(__file__).resolve().parent.parent
-# ../shared/realdata next to the project; a git worktree one level deeper finds it too
-SHARED = next(
-    (
-        p / "shared" / "realdata"
-        for p in (REPO.parent, REPO.parent.parent)
-        if (p / "shared" / "realdata").is_dir()
-    ),
-    REPO.parent / "shared" / "realdata",
+# The real files sit beside the main checkout; a worktree elsewhere points AUDIT_REALDATA
+# there (a git worktree one level deeper finds them by itself).
+SHARED = Path(
+    os.environ.get("AUDIT_REALDATA")
+    or next(
+        (
+            p / "shared" / "realdata"
+            for p in (REPO.parent, REPO.parent.parent)
+            if (p / "shared" / "realdata").is_dir()
+        ),
+        REPO.parent / "shared" / "realdata",
+    )
 )
 
 

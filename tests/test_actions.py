@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -115,6 +116,35 @@ def test_gate_without_baseline(run_cli, demo_db):
         "eval/nothing/*",
     )
     assert code == 2 and "no metric matching eval/nothing/*" in err
+
+
+def test_gate_fails_on_a_red_line_whatever_the_tolerance(run_cli, demo_db):
+    from audit import Registry
+
+    with Registry(demo_db["db"]) as reg:
+        frame = reg.search("attributes.run_name IN ('sft-llama-chat-mix', 'sft-llama-seed1')")
+    ids = dict(zip(frame["run_name"], frame["run_id"], strict=True))
+    base = ["--db", str(demo_db["db"]), "--config", str(demo_db["config"]), "gate"]
+    code, out, _ = run_cli(*base, ids["sft-llama-chat-mix"], "--tolerance", "1")
+    assert code == 1
+    assert re.search(
+        r"eval/safety/harmful_refusal\s+0\.9480\s+0\.9010\s+-0\.0470\s+-0\.0000\s+RED LINE", out
+    )
+    assert out.splitlines()[-1].startswith(
+        "FAIL: worst eval/safety/harmful_refusal -0.0470 against baseline "
+    ) and out.splitlines()[-1].endswith("(red line, tolerance 0)")
+    # the red line held on its sibling: the general tolerance alone decides
+    assert run_cli(*base, ids["sft-llama-seed1"], "--tolerance", "1")[0] == 0
+    # a red line may be given its own tolerance
+    config = demo_db["config"].parent / "loose.toml"
+    config.write_text(
+        demo_db["config"].read_text()
+        + '\n[metrics]\nred_line_tolerances = { "eval/safety/*" = 0.05 }\n'
+    )
+    code, _, _ = run_cli(
+        "--db", str(demo_db["db"]), "--config", str(config), "gate", ids["sft-llama-chat-mix"]
+    )
+    assert code == 0
 
 
 def _checkpoint(folder, size=1000, best=None):

@@ -8,6 +8,9 @@ unchanged after a rejection. The tally is written to ``test-artifacts/bad-inputs
 
 from __future__ import annotations
 
+import copy
+import functools
+import json
 import random
 import re
 import shutil
@@ -40,6 +43,64 @@ PROM_JSON = """{"status": "success", "data": {"resultType": "matrix", "result": 
  {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "1", "Hostname": "gpu-h01", "UUID": "GPU-2"},
   "values": [[1794787200, "3"], [1794787260, "0"]]}]}}
 """
+# sacct --json: one job with one step, the fields the importer reads and one it does not
+SACCT_JSON = json.dumps(
+    {
+        "jobs": [
+            {
+                "job_id": 4001,
+                "name": "sft",
+                "user": "ann",
+                "account": "nlp",
+                "partition": "gpu",
+                "state": {"current": ["COMPLETED"]},
+                "time": {
+                    "submission": 1794816000,
+                    "eligible": 1794816000,
+                    "start": 1794816330,
+                    "end": 1794823530,
+                    "elapsed": 7200,
+                    "limit": {"set": True, "infinite": False, "number": 240},
+                },
+                "allocation_nodes": 1,
+                "nodes": "gpu-h01",
+                "tres": {
+                    "allocated": [
+                        {"type": "cpu", "name": "", "count": 16},
+                        {"type": "gres", "name": "gpu:h100", "count": 2},
+                        {"type": "gres", "name": "gpu", "count": 2},
+                    ],
+                    "requested": [{"type": "mem", "name": "", "count": 131072}],
+                },
+                "comment": {"administrator": "JS1:H4sI"},
+                "array": {
+                    "job_id": 0,
+                    "task_id": {"set": False, "infinite": False, "number": 0},
+                    "task": "",
+                },
+                "het": {"job_id": 0, "job_offset": {"set": False, "infinite": False, "number": 0}},
+                "required": {"CPUs": 16},
+                "steps": [
+                    {
+                        "step": {"id": "4001.0", "name": "python"},
+                        "tres": {
+                            "requested": {
+                                "max": [
+                                    {"type": "gres", "name": "gpuutil", "count": 99},
+                                    {"type": "gres", "name": "gpumem", "count": 64424509440},
+                                    {"type": "mem", "name": "", "count": 12884901888},
+                                ],
+                                "average": [{"type": "gres", "name": "gpuutil", "count": 83}],
+                            }
+                        },
+                    }
+                ],
+            }
+        ],
+        "meta": {"plugin": {"data_parser": "data_parser/v0.0.40"}},
+    },
+    indent=1,
+)
 CONFIG = """[cluster]
 timezone = "UTC"
 
@@ -57,6 +118,7 @@ KINDS = {
     "nvidia-smi": (SMI, "gpu-h01.csv", ["ingest", "gpu"], ","),
     "dcgm": (DCGM, "dcgm.prom", ["ingest", "gpu"], " "),
     "prom-json": (PROM_JSON, "prom.json", ["ingest", "gpu"], ","),
+    "sacct-json": (SACCT_JSON, "jobs.json", ["ingest", "slurm"], ","),
     "config": (CONFIG, "audit.toml", None, "="),
 }
 
@@ -245,6 +307,248 @@ def test_bad_input(kind, mutation, seeded, tmp_path):
         assert counts(db) == before, "a rejected input changed the warehouse"
     else:
         OUTCOMES[f"{kind}: accepted"] += 1
+
+
+# -- every field of every cluster source, by class (issue 14) -------------------------------
+# Wrong types in every structured field, values beyond every numeric range, invalid UTF-8
+# in every text column, and the bombs that apply to these formats (node-list products,
+# deep JSON nesting). Same verdict as above; an accepted file must not poison the
+# warehouse (no negative duration, no sample outside the valid ranges).
+SACCT_FULL = (REPO / "tests" / "data" / "slurm" / "sacct-P.txt").read_text()
+BEYOND = ["inf", "nan", "1e30", "-1", "99999999999", "9" * 400]
+TIMES_BEYOND = ["0001-01-01T00:00:00", "9999-12-31T23:59:59", "99999-01-01T00:00:00", "-2026-01-01"]
+WRONG_TEXT = ["abc", ""]
+JSON_WRONG = [[], {}, "x", 7, None, True, 1.5]
+JSON_BEYOND = [-1, 2**64, 1e308, 99_999_999_999]
+HOST_BOMBS = ["n[0-99999][0-99999]", "n" + "[1-2]" * 40, "n[0-99999999999]"]
+NEST = 100_000
+
+
+def _text_field(text: str, line: int, column: int, delimiter: str, value: bytes) -> bytes:
+    lines = text.encode().split(b"\n")
+    fields = lines[line].split(delimiter.encode())
+    fields[column] = value
+    lines[line] = delimiter.encode().join(fields)
+    return b"\n".join(lines)
+
+
+def _sacct_cases() -> list[tuple]:
+    header = SACCT_FULL.split("\n", 1)[0].split("|")
+    usage = {"TRESUsageInMax", "TRESUsageInAve", "MaxRSS"}
+    cases = []
+    for column, name in enumerate(header):
+        line = 2 if name in usage else 1  # the step row carries the usage
+        put = lambda value, c=column, n=line: _text_field(SACCT_FULL, n, c, "|", value)  # noqa: E731
+        for value in WRONG_TEXT:
+            cases.append((f"{name} = {value!r}", put(value.encode())))
+        cases.append((f"{name} invalid UTF-8", put(b"\xff\xfe" + name.encode())))
+        if name in ("Submit", "Eligible", "Start", "End"):
+            cases += [(f"{name} = {v}", put(v.encode())) for v in TIMES_BEYOND]
+        elif name in ("ElapsedRaw", "TimelimitRaw", "NNodes", "NCPUS"):
+            cases += [(f"{name} = {v[:20]}", put(v.encode())) for v in BEYOND]
+        elif name in ("AllocTRES", "ReqTRES"):
+            cases += [(f"{name} gres/gpu={v[:20]}", put(f"gres/gpu={v}".encode())) for v in BEYOND]
+        elif name in ("ReqMem", "MaxRSS"):
+            cases += [(f"{name} = {v[:20]}G", put(f"{v}G".encode())) for v in BEYOND]
+        elif name in ("TRESUsageInMax", "TRESUsageInAve"):
+            cases += [
+                (f"{name} {key}={v[:20]}", put(f"{key}={v}{unit}".encode()))
+                for v in BEYOND
+                for key, unit in (("gres/gpuutil", ""), ("gres/gpumem", "P"))
+            ]
+        elif name == "NodeList":
+            cases += [(f"NodeList bomb {v[:24]}", put(v.encode())) for v in HOST_BOMBS]
+    return [("sacct", name, content, "line") for name, content in cases]
+
+
+def _smi_cases() -> list[tuple]:
+    header = [c.strip() for c in SMI.split("\n", 1)[0].split(",")]
+    cases = []
+    for column, name in enumerate(header):
+        put = lambda value, c=column: _text_field(SMI, 1, c, ",", b" " + value)  # noqa: E731
+        for value in WRONG_TEXT:
+            cases.append((f"{name} = {value!r}", put(value.encode())))
+        cases.append((f"{name} invalid UTF-8", put(b"\xff\xfe" + name.encode())))
+        if name == "timestamp":
+            cases += [
+                (f"timestamp {v}", put(v.encode()))
+                for v in (
+                    "9999/11/16 00:59:00.000",
+                    "0001/11/16 00:59:00.000",
+                    "99999/11/16 00:59:00",
+                )
+            ]
+        elif name.split(" ")[0] in ("utilization.gpu", "memory.used", "memory.total", "power.draw"):
+            cases += [(f"{name} = {v[:20]}", put(v.encode())) for v in [*BEYOND, "250"]]
+    return [("nvidia-smi", name, content, "line") for name, content in cases]
+
+
+def _dcgm_cases() -> list[tuple]:
+    line = DCGM.split("\n")[2]
+    metric, rest = line.split("{", 1)
+    labels, tail = rest.split("} ", 1)
+    value, stamp = (part.encode() for part in tail.split(" "))
+    metric = metric.encode()
+    base = [tuple(part.encode() for part in pair.split("=", 1)) for pair in labels.split(",")]
+
+    def build(metric_=metric, pairs=base, value_=value, stamp_=stamp):
+        labels_ = b",".join(k + b"=" + v for k, v in pairs)
+        new = metric_ + b"{" + labels_ + b"} " + value_ + b" " + stamp_
+        return DCGM.encode().replace(line.encode(), new)
+
+    cases = [("metric invalid UTF-8", build(metric_=b"DCGM_FI_\xff\xfe"))]
+    for index, (key, _) in enumerate(base):
+        for label in (b'""', b"7", b'"\xff\xfe"'):
+            pairs = [*base[:index], (key, label), *base[index + 1 :]]
+            cases.append((f"label {key.decode()} = {label!r}", build(pairs=pairs)))
+    for value_ in [*WRONG_TEXT, *BEYOND, "250", "+Inf"]:
+        cases.append((f"value = {value_[:20]!r}", build(value_=(value_ or "x y").encode())))
+    for stamp_ in ["abc", "-1", "99999999999999999", "9" * 400]:
+        cases.append((f"timestamp = {stamp_[:20]}", build(stamp_=stamp_.encode())))
+    return [("dcgm", name, content, "line") for name, content in cases]
+
+
+def _walk(node, path=()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield (*path, key), value
+            yield from _walk(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield (*path, index), value
+            yield from _walk(value, (*path, index))
+
+
+def _put(document, path, value):
+    document = copy.deepcopy(document)
+    node = document
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return document
+
+
+def _json_cases(kind: str, text: str) -> list[tuple]:
+    document = json.loads(text)
+    cases = []
+    for number, (path, value) in enumerate(_walk(document)):
+        where = ".".join(str(p) for p in path)
+        wrong = [w for w in JSON_WRONG if type(w) is not type(value)]
+        for choice in (wrong[number % len(wrong)],):
+            cases.append(
+                (
+                    f"{where} = {json.dumps(choice)}",
+                    json.dumps(_put(document, path, choice)).encode(),
+                )
+            )
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            for big in JSON_BEYOND:
+                cases.append(
+                    (f"{where} = {big:.3g}", json.dumps(_put(document, path, big)).encode())
+                )
+        if isinstance(value, str):
+            marked = json.dumps(_put(document, path, "@@INVALID@@" + value)).encode()
+            cases.append((f"{where} invalid UTF-8", marked.replace(b"@@INVALID@@", b"\xff\xfe")))
+            cases.append((f"{where} lone surrogate", marked.replace(b"@@INVALID@@", b"\\ud800")))
+            if value.lstrip("-").replace(".", "", 1).isdigit():  # a number as text
+                for big in BEYOND:
+                    cases.append(
+                        (f"{where} = {big[:20]!r}", json.dumps(_put(document, path, big)).encode())
+                    )
+    first = "jobs" if kind == "sacct-json" else "data"
+    cases.append(("nested 100k deep", (f'{{"{first}": ' + "[" * NEST + "]" * NEST + "}").encode()))
+    if kind == "sacct-json":
+        for bomb in HOST_BOMBS:
+            cases.append(
+                (
+                    f"nodes bomb {bomb[:24]}",
+                    json.dumps(_put(document, ("jobs", 0, "nodes"), bomb)).encode(),
+                )
+            )
+    return [(kind, name, content, "path") for name, content in cases]
+
+
+FIELD_CASES = {
+    (kind, name): (content, location)
+    for kind, name, content, location in [
+        *_sacct_cases(),
+        *_smi_cases(),
+        *_dcgm_cases(),
+        *_json_cases("prom-json", PROM_JSON),
+        *_json_cases("sacct-json", SACCT_JSON),
+    ]
+}
+
+
+def test_field_corpus_covers_every_class():
+    names = " ".join(name for _, name in FIELD_CASES)
+    for kind in ("sacct", "nvidia-smi", "dcgm", "prom-json", "sacct-json"):
+        kinds = [name for k, name in FIELD_CASES if k == kind]
+        assert any("invalid UTF-8" in n for n in kinds), kind
+        assert any("=" in n for n in kinds), kind
+    assert "bomb" in names and "nested 100k deep" in names
+    assert len(FIELD_CASES) >= 500
+
+
+@functools.cache
+def seeded_counts(seeded: Path) -> dict[str, int]:
+    return counts(seeded)
+
+
+def poisoned(db: Path) -> list:
+    """Stored values no later command may meet."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(
+            """
+            SELECT 'job', job_id FROM jobs
+             WHERE elapsed_s < 0 OR end_time < start_time OR timelimit_s < 0
+                OR year(coalesce(start_time, end_time, submit_time)) NOT BETWEEN 1970 AND 2200
+            UNION ALL
+            SELECT 'sample', host FROM gpu_samples
+             WHERE NOT isfinite(util_pct) OR util_pct NOT BETWEEN 0 AND 100
+                OR NOT isfinite(mem_used_mib) OR mem_used_mib < 0
+                OR NOT isfinite(power_w) OR power_w < 0
+                OR year(ts) NOT BETWEEN 1970 AND 2200
+            """
+        ).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), list(FIELD_CASES), ids=[f"{k}-{n}"[:90] for k, n in FIELD_CASES]
+)
+def test_bad_field(kind, name, seeded, tmp_path):
+    content, location = FIELD_CASES[(kind, name)]
+    _, file_name, command, _ = KINDS[kind]
+    path = tmp_path / file_name
+    path.write_bytes(content)
+    db = tmp_path / "w.duckdb"
+    shutil.copyfile(seeded, db)
+    before = seeded_counts(seeded)
+    result = CliRunner().invoke(cli, ["--db", str(db), *command, str(path)], catch_exceptions=False)
+    stderr = result.stderr
+    assert "Traceback" not in stderr + result.stdout
+    assert result.exit_code in (0, 2), stderr
+    if result.exit_code == 2:
+        OUTCOMES[f"{kind}: rejected"] += 1
+        assert file_name in stderr, f"the message does not name the file: {stderr!r}"
+        if location == "line":
+            assert re.search(re.escape(file_name) + r":\d+", stderr) or any(
+                w in stderr for w in ("binary", "UTF-8", "header")
+            ), f"no line number: {stderr!r}"
+        else:
+            assert re.search(
+                r"\[\d+\]|:\d+:\d+|(data|jobs)[.\[]|invalid JSON|nested too", stderr
+            ) or any(
+                w in stderr
+                for w in ("expected sacct --json output", "expected a Prometheus query", "UTF-8")
+            ), f"no place in the document: {stderr!r}"
+        assert counts(db) == before, "a rejected input changed the warehouse"
+    else:
+        OUTCOMES[f"{kind}: accepted"] += 1
+        assert poisoned(db) == [], "an accepted input stored values no later command may meet"
 
 
 def test_write_tally():

@@ -103,7 +103,7 @@ def test_sample_week_links(demo_db):
         "SELECT count(*) FROM checkpoints WHERE path NOT IN (SELECT path FROM checkpoint_runs)"
     ).fetchall()
     con.close()
-    assert len(linked) == 16
+    assert len(linked) == 19
     assert all(method == "tag:slurm_job_id" for _, _, method, _ in linked)
     assert ("opd-llama-from-qwen72b", "4700112", "tag:slurm_job_id", 8) in linked
     assert ckpt == [
@@ -144,13 +144,15 @@ def test_user_and_time_link_when_no_tag(tmp_path, run_cli):
 
 def test_status_shows_coverage(demo_db):
     text = demo_db["status"]
-    assert "runs 16 (1 deleted), params 221, tags 82, metric points 695, dataset inputs 14" in text
-    assert "jobs 17 (17 with GPUs), 2026-11-16 00:59 to 2026-11-21 04:01 (UTC)" in text
-    assert "GPU samples 9,216 from 5 hosts / 40 GPUs" in text
-    assert "  attached to a job 7,584, no job on the host 1,384, ambiguous 248" in text
+    assert (
+        "runs 22 (1 deleted), params 309, tags 112, metric points 1,914, dataset inputs 17" in text
+    )
+    assert "jobs 20 (20 with GPUs), 2026-11-16 00:59 to 2026-11-21 04:01 (UTC)" in text
+    assert "GPU samples 13,936 from 5 hosts / 40 GPUs" in text
+    assert "  attached to a job 12,120, no job on the host 1,568, ambiguous 248" in text
     assert "checkpoints 27 (414.0 GB)" in text
-    assert "  runs with a Slurm job      16 of 16 (100 %) (tag:slurm_job_id 16)" in text
-    assert "  GPU jobs with telemetry    17 of 17 (100 %)" in text
+    assert "  runs with a Slurm job      19 of 22 (86 %) (tag:slurm_job_id 19)" in text
+    assert "  GPU jobs with telemetry    20 of 20 (100 %)" in text
     assert "  checkpoints with a run     26 of 27 (96 %)" in text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from audit.docs import command_reference, help_text, iter_commands
+from audit.docs import command_reference, help_text, iter_commands, rules_reference
 from tests.helpers import REPO
 
 COMMANDS = list(iter_commands())
@@ -13,6 +13,11 @@ COMMANDS = list(iter_commands())
 def test_readme_command_reference_is_current():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert command_reference() in readme, "README command reference is stale: run `make docs`"
+
+
+def test_readme_rule_table_is_current():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert rules_reference() in readme, "README rule table is stale: run `make docs`"
 
 
 @pytest.mark.parametrize(("path", "command"), COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])

@@ -165,3 +165,39 @@ def test_fuzzed_filters_answer_or_say_where_they_fail(small_registry, tokens, no
         small_registry.search(text, limit=5)
     except FilterError as exc:
         assert str(exc).startswith("invalid filter")
+
+
+SAMPLE_WANDB_LOG = next(
+    (Path(__file__).resolve().parent.parent / "sample_logs" / "wandb").glob("*/run-*.wandb")
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cut=st.integers(0, 12_000),
+    flips=st.lists(st.tuples(st.integers(0, 12_000), st.integers(1, 255)), max_size=4),
+)
+def test_damaged_wandb_logs(cut, flips):
+    """A W&B log cut short or with flipped bytes: its records, a tail warning, or the
+    tool's error naming the file; never another exception."""
+    from audit.importers import wandb as wandb_importer
+
+    record_class = wandb_importer.protobufs()
+    if record_class is None:
+        pytest.skip("wandb is not installed")
+    data = bytearray(SAMPLE_WANDB_LOG.read_bytes()[: max(cut, 1)])
+    for position, mask in flips:
+        if position < len(data):
+            data[position] ^= mask
+    with tempfile.NamedTemporaryFile(suffix=".wandb", delete=False) as handle:
+        handle.write(bytes(data))
+    path = Path(handle.name)
+    try:
+        state = wandb_importer.RunState()
+        end = wandb_importer.LogEnd()
+        wandb_importer._read_records(path, record_class, state, len(wandb_importer.HEADER), end)
+        assert end.resume_offset <= len(data)
+    except InputError as exc:
+        assert str(path) in str(exc)
+    finally:
+        path.unlink()

@@ -106,7 +106,11 @@ def test_prometheus_query_range_json(tmp_path):
     [
         ("", "empty file"),
         ("index, utilization.gpu [%]\n0, 5\n", "no timestamp column"),
-        ("timestamp, utilization.gpu [%]\n2026/11/16 10:00:00.000, 5\n", "cannot tell GPUs apart"),
+        (
+            "timestamp, utilization.gpu [%]\n2026/11/16 10:00:00.000, 5\n2026/11/16 10:00:00.010, 7\n"
+            "2026/11/16 10:01:00.000, 5\n2026/11/16 10:02:00.000, 5\n2026/11/16 10:02:00.010, 5\n",
+            "cannot tell GPUs apart: samples hold 1 to 2 rows",
+        ),
         (
             "timestamp, index, name\n2026/11/16 10:00:00.000, 0, T4\n",
             "no utilization.gpu or memory.used column",

@@ -259,3 +259,25 @@ def test_incremental_search_table_equals_a_rebuild(tmp_path, run_cli):
     assert con.execute(query).fetchall() == incremental
     assert len(incremental) == 31
     con.close()
+
+
+def test_file_store_repeated_metric_lines_count_once(run_cli, tmp_path):
+    """A point logged twice with the same key, step, timestamp and value is one point, as in
+    MLflow's SQL stores; the same value at another step or time is another point."""
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=str(store))
+    experiment = client.create_experiment("repeats")
+    run = client.create_run(experiment).info.run_id
+    for _ in range(3):
+        client.log_batch(run, metrics=[Metric("loss", 0.5, 1794787200000, 10)])
+    client.log_batch(run, metrics=[Metric("loss", 0.5, 1794787200000, 11)])
+    client.log_batch(run, metrics=[Metric("loss", 0.5, 1794787260000, 10)])
+    client.set_terminated(run)
+    lines = (store / experiment / run / "metrics" / "loss").read_text().splitlines()
+    assert len(lines) == 5  # the client appends every call to the file
+    db = tmp_path / "w.duckdb"
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    con = duckdb.connect(str(db), read_only=True)
+    points = con.execute("SELECT step, epoch_ms(ts) FROM metrics ORDER BY 1, 2").fetchall()
+    con.close()
+    assert points == [(10, 1794787200000), (10, 1794787260000), (11, 1794787200000)]

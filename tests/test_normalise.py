@@ -2,7 +2,7 @@
 
 import pytest
 
-from audit.importers.mlflow.normalise import normalise_value
+from audit.importers.params import normalise_value
 
 
 @pytest.mark.parametrize(

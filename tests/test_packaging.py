@@ -62,8 +62,8 @@ def test_wheel_installs_and_runs_the_demo_import(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("imported 16 new or changed runs (0 unchanged)")
+    assert result.stdout.startswith("imported 19 new or changed runs (0 unchanged)")
     status = subprocess.run(
         [audit, "--db", str(db), "status"], capture_output=True, text=True, cwd=tmp_path
     )
-    assert "runs 16 (1 deleted)" in status.stdout
+    assert "runs 19 (1 deleted)" in status.stdout

@@ -194,8 +194,9 @@ def test_similar_from_config_files(suffix, tmp_path, demo_db, run_cli):
         "--db", str(demo_db["db"]), "runs", "similar", "--config", str(path), "--fail-if-exists"
     )
     assert code == 1, err
-    assert out.startswith("exact matches: 2 (2 finished)")
-    assert "sft-qwen-lr2e-5-again" in out
+    # the two MLflow runs and the other team's W&B rerun: one history across trackers
+    assert out.startswith("exact matches: 3 (3 finished)")
+    assert "sft-qwen-lr2e-5-again" in out and "sft-qwen-math-rerun" in out
     assert err.startswith("a finished run with this configuration exists: ")
 
 
@@ -214,7 +215,7 @@ def test_similar_by_run_and_usage_errors(demo_db, run_cli):
     reg = Registry(demo_db["db"])
     dup = reg.search("attributes.run_name = 'sft-qwen-lr2e-5-again'")["run_id"][0]
     result = reg.similar(run_id=dup)
-    assert result.exact["run_name"].to_list() == ["sft-qwen-lr2e-5"]
+    assert result.exact["run_name"].to_list() == ["sft-qwen-math-rerun", "sft-qwen-lr2e-5"]
     assert run_cli("--db", str(demo_db["db"]), "runs", "similar")[0] == 2
     code, _, err = run_cli("--db", str(demo_db["db"]), "runs", "similar", "--run", "nope")
     assert code == 2 and "no run 'nope'" in err
@@ -232,7 +233,9 @@ def test_compare(demo_db, run_cli):
         "output_dir",
         "run_name",
     ]
-    assert parts["cost"].row(1)[1] == "48.27"
+    cost = {row[0]: row[1] for row in parts["cost"].iter_rows()}
+    assert cost["GPU-hours"] == "48.27" and cost["team"] == "coder"
+    assert cost["cost basis"] == "Slurm job 4700102: 8 GPUs × 6.03 h elapsed"
     code, out, _ = run_cli("--db", str(demo_db["db"]), "runs", "compare", a, b)
     assert code == 0 and "learning_rate" in out and "GPU-hours" in out
 
@@ -277,7 +280,7 @@ def test_sql_is_read_only_and_sandboxed(statement, demo_db, run_cli, tmp_path):
     assert "root:" not in out  # nothing of /etc/passwd
     assert not Path("/tmp/audit-leak.csv").exists() and not Path("/tmp/audit-export").exists()
     con = duckdb.connect(str(demo_db["db"]), read_only=True)
-    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(16,)]
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(22,)]
     con.close()
 
 
@@ -290,7 +293,8 @@ def test_sql_views(demo_db, run_cli):
         "--format",
         "json",
     )
-    assert code == 0 and json.loads(out) == [{"n": 14}]
+    # 17 MLflow runs and the 3 W&B runs log a learning rate
+    assert code == 0 and json.loads(out) == [{"n": 20}]
     for view in (
         "runs",
         "params",
@@ -313,11 +317,11 @@ def test_export_parquet(demo_db, run_cli, tmp_path):
     code, _out, _ = run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))
     assert code == 0
     runs = pl.read_parquet(target / "runs" / "**" / "*.parquet", hive_partitioning=True)
-    assert runs.height == 16 and "source_id" in runs.columns
+    assert runs.height == 22 and "source_id" in runs.columns
     samples = duckdb.sql(
         f"SELECT count(*) FROM read_parquet('{target}/gpu_samples/*/*.parquet', hive_partitioning=true)"
     ).fetchall()
-    assert samples == [(9216,)]
+    assert samples == [(13936,)]
     assert (
         run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))[0] == 2
     )  # not empty

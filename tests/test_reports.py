@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from audit.rule_registry import all_rules
 from tests.helpers import REPO, log_train_dataset
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -74,21 +75,29 @@ def test_weekly_html_golden(run_cli, fresh_demo_db, regenerate_golden, tmp_path)
 def test_weekly_json(run_cli, fresh_demo_db):
     _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
     doc = json.loads(out)
+    # The reasoning team's three W&B runs add num_gpus × run duration = 88.5 GPU-h at the
+    # default $2.00/GPU-h (no GPU type known for runs outside Slurm): $177.07.
     assert doc["headline"] == {
-        "gpu_hours": 553.7,
-        "usd_spent": 1615.84,
-        "usd_wasted": 810.0,
-        "waste_share": 50.1,
-        "gpu_hours_wasted": 267.8,
+        "gpu_hours": 1006.9,
+        "usd_spent": 2886.9,
+        "usd_wasted": 1867.8,
+        "waste_share": 64.7,
+        "gpu_hours_wasted": 636.8,
         "reclaimable_gb": 291.5,
-        "findings": 16,
+        "findings": 20,
+        "unknown_cost_findings": 0,
+        "unknown_cost_run_hours": 0,
     }
     assert [t["week"] for t in doc["trend"]] == [f"2026-W{w}" for w in range(40, 48)]
-    assert (
-        doc["trend"][-1]["usd"] == 810.0 and doc["trend"][0]["findings"] == 7
-    )  # checkpoints stay on disk every week
-    assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP001", "CKP002", "CKP003"}
-    assert len(doc["changes"]["new"]) == 9
+    # storage waste belongs to the weeks its files existed: the orphan sweep of September
+    # in every week, the runs' checkpoints only from W47 on (not in weeks before the runs)
+    assert doc["trend"][-1]["usd"] == 1867.8
+    assert [t["findings"] for t in doc["trend"][:-1]] == [1] * 7
+    assert [t["has_data"] for t in doc["trend"]] == [False] * 7 + [True]
+    assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP003"}
+    assert doc["activity"] == {"runs": 22, "gpu_jobs": 20, "empty": False}
+    assert doc["previous"]["activity"]["empty"] is True
+    assert len(doc["changes"]["new"]) == 19
     by_method = {m["method"]: m for m in doc["methods"]["by_method"]}
     assert by_method["sft"]["mean_general_change"] < by_method["rl"]["mean_general_change"]
     assert (
@@ -98,10 +107,27 @@ def test_weekly_json(run_cli, fresh_demo_db):
     assert [c["category"] for c in doc["categories"]] == [
         "compute",
         "storage",
-        "evaluation runs",
+        "evaluation",
         "rework",
     ]
-    assert doc["categories"][3]["usd"] == pytest.approx(144.8 + 180.4, abs=0.01)
+    assert doc["categories"][2]["usd"] == doc["summary"]["evaluation"]["usd"] == pytest.approx(3.2)
+    # rework: DUP001's repeats (MLflow $144.80 and the W&B rerun $98.40), REG002 and RED001
+    assert doc["categories"][3]["usd"] == pytest.approx(144.8 + 98.4 + 180.4 + 30.2, abs=0.01)
+    # the method matrix: one group per base model and task, MTX001's dominated run marked
+    groups = {(g["base_model"], g["task"]): g["runs"] for g in doc["matrix"]["groups"]}
+    assert set(groups) == {
+        ("qwen2.5-7b", "codeedit-v3"),
+        ("llama3.1-8b", "codeedit-v3"),
+        ("llama3.1-8b", "edit-pairs"),
+        ("llama3.1-8b", "toolcalls-v1"),
+    }
+    dominated = {r["run_name"]: r["dominated_by"] for rs in groups.values() for r in rs}
+    assert {k: v for k, v in dominated.items() if v} == {"sft-qwen-lr1e-4": "sft-qwen-lr2e-5"}
+    # queue wait: every GPU job of the week, measured from Eligible, apart from waste
+    queue = doc["queue"]
+    assert queue["jobs"] == 20 and queue["measured_from_submit"] == 0
+    assert {r["team"] for r in queue["by_team_partition"]} == {"coder", "agents"}
+    assert 0 < queue["gpu_hours_waited"] < 8 * 20 * 20 / 60
     # same finding schema as `audit scan --format json`
     assert set(doc["findings"][0]) >= {
         "id",
@@ -114,6 +140,28 @@ def test_weekly_json(run_cli, fresh_demo_db):
         "waste",
         "recommendation",
     }
+
+
+def test_ad_hoc_scans_are_never_reused_as_the_week(run_cli, fresh_demo_db):
+    """A partial scan of the week (--select, its window) must not become the stored scan the
+    report or the next report's previous-week figures reuse."""
+    base = ["--db", str(fresh_demo_db["db"]), "--config", str(fresh_demo_db["config"]), "scan"]
+    for week in (("2026-11-16", "2026-11-23"), ("2026-11-09", "2026-11-16")):
+        code, _, err = run_cli(
+            *base, "--select", "OVP,IDL", "--since", week[0], "--until", week[1], env=PINNED
+        )
+        assert code == 0, err
+    _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
+    doc = json.loads(out)
+    assert doc["scan_id"] == 3  # a new, complete scan, not the ad-hoc scan #1
+    assert doc["headline"]["usd_wasted"] == 1867.8 and doc["headline"]["findings"] == 20
+    assert {r["rule"] for r in doc["rules"]} == set(all_rules())
+    # W46's figures come from a complete scan too (the orphan checkpoint of September is in
+    # it; the ad-hoc OVP,IDL scan of W46 had no storage finding)
+    assert doc["previous"]["headline"]["findings"] == 1
+    # the complete scan of W47 is reused by the next render; the ad-hoc one never is
+    _code, again, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
+    assert json.loads(again)["scan_id"] == 3
 
 
 def test_default_week_is_the_last_complete_one(run_cli, fresh_demo_db):
@@ -138,11 +186,13 @@ def test_every_chart_has_a_title_and_alt_text(run_cli, fresh_demo_db, tmp_path):
     weekly(run_cli, fresh_demo_db, "--output", str(target))
     html = target.read_text()
     svgs = re.findall(r"<svg[^>]*>.*?</svg>", html, flags=re.S)
-    assert len(svgs) == 5
+    # 5 summary charts, one matrix scatter per (base model, task) with two runs or more,
+    # one inline series chart per STB001 finding
+    assert len(svgs) == 5 + 2 + 1
     for svg in svgs:
         assert re.search(r'role="img"', svg) and re.search(r'aria-label="[^"]{20,}"', svg)
         assert re.search(r"<title>[^<]+</title>", svg)
-    assert html.count("<figcaption>") == 5
+    assert html.count("<figcaption>") == len(svgs)
     assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
 
 
@@ -280,7 +330,23 @@ def test_report_in_a_real_browser(run_cli, fresh_demo_db, hostile_db, tmp_path):
                     visible = page.eval_on_selector_all(
                         "#findings tbody tr", "rows => rows.filter(r => !r.hidden).length"
                     )
-                    assert visible == 1
+                    assert visible == 2  # REG002 (a registered model) and RED001
+                    page.select_option("#severity", "")
+                    # the method matrix draws its scatters, the STB finding its series
+                    for selector, count in (
+                        ("section[aria-labelledby=h-matrix] figure svg", 2),
+                        ("#findings figure.inline-chart svg", 1),
+                    ):
+                        boxes = page.eval_on_selector_all(
+                            selector,
+                            "svgs => svgs.map(s => [s.getBoundingClientRect().width,"
+                            " s.getBoundingClientRect().height])",
+                        )
+                        assert len(boxes) == count and all(w > 100 and h > 50 for w, h in boxes)
+                    queue = page.inner_text("section[aria-labelledby=h-queue]")
+                    assert "never added to waste" in queue and "coder" in queue
+                    costs = page.inner_text("section[aria-labelledby=h-costs]")
+                    assert "evaluation" in costs and "EVL001" in costs
                 else:
                     body = page.inner_text("body")
                     assert "<script>alert(1)</script>" in body  # shown as text

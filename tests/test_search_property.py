@@ -21,8 +21,8 @@ import audit.query.registry as registry_module
 from audit import Registry
 from audit.errors import InputError
 from audit.importers.search_index import rebuild_search_tables
+from audit.testing import build_warehouse
 from tests.helpers import property_examples
-from tests.rule_cases import build_warehouse
 
 NAN, INF = math.nan, math.inf
 RUNS = [

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import duckdb
+import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audit.errors import InputError
 from audit.importers.slurm import (
+    JOB_SCHEMA,
+    LineError,
     gpus_from_tres,
+    newest_records,
     parse_duration,
     parse_hostlist,
     parse_memory,
@@ -227,7 +234,7 @@ def test_bad_line_names_file_and_line_and_writes_nothing(tmp_path, run_cli):
         ("JobID|JobID\n1|1\n", "field 'jobid' appears more than once"),
         ("JobID|AllocTRES\n1|gres/gpu=-4\n", "gres/gpu: expected a non-negative number"),
         ("JobID|NodeList\n1|gpu[01-\n", "unbalanced '['"),
-        ("JobID|ElapsedRaw\n1|ten\n", "ElapsedRaw: expected a number"),
+        ("JobID|ElapsedRaw\n1|ten\n", "ElapsedRaw: expected a whole number"),
     ],
 )
 def test_bad_sacct_files(tmp_path, content, message):
@@ -265,3 +272,285 @@ def test_overlapping_files_merge_without_duplicates(tmp_path, run_cli):
     assert con.execute("SELECT count(*), count(DISTINCT job_id) FROM jobs").fetchall() == [(3, 3)]
     assert con.execute("SELECT count(*) FROM job_nodes WHERE job_id = '100'").fetchall() == [(2,)]
     con.close()
+
+
+# -- issue 14: node lists, negative durations, DST, newer records, numbers beyond range ----
+def test_node_list_product_is_bounded_before_expanding():
+    """Case 6: each bracket of n[0-99999][0-99999] is allowed, their product (10^10) is not."""
+    with pytest.raises(LineError, match=r"names 10,000,000,000 hosts, more than the 100,000"):
+        parse_hostlist("n[0-99999][0-99999]")
+    with pytest.raises(LineError, match="more than the 100,000"):
+        parse_hostlist(",".join(f"r{i}[0-99999]" for i in range(3)))
+    assert len(parse_hostlist("n[0-99][0-999]")) == 100_000
+
+
+def test_node_list_bomb_is_a_line_error(tmp_path, run_cli):
+    path = tmp_path / "bomb.sacct"
+    path.write_text("JobID|NodeList\n1|n[0-99999][0-99999]\n")
+    code, _, err = run_cli("--db", str(tmp_path / "w.duckdb"), "ingest", "slurm", str(path))
+    assert code == 2
+    assert err.startswith(f"Error: {path}:2: node list 'n[0-99999][0-99999]' names 10,000,000,000")
+
+
+NEGATIVE = "JobID|State|Start|End|AllocTRES|NodeList\n7|COMPLETED|2026-11-16T10:00:00|2026-11-16T05:32:00|gres/gpu=8|n1\n8|COMPLETED|2026-11-16T10:00:00|2026-11-16T11:00:00|gres/gpu=8|n1\n"
+
+
+def test_end_before_start_is_never_stored(tmp_path, run_cli):
+    """Case 7: End before Start without ElapsedRaw stored elapsed_s=-16080."""
+    path = tmp_path / "neg.sacct"
+    path.write_text(NEGATIVE)
+    db = tmp_path / "w.duckdb"
+    code, _, err = run_cli("--db", str(db), "ingest", "slurm", str(path))
+    assert code == 2
+    assert err == (
+        f"Error: {path}:2: End 2026-11-16T05:32:00 is before Start 2026-11-16T10:00:00\n"
+    )
+    code, _out, err = run_cli("--db", str(db), "ingest", "slurm", "--skip-bad", str(path))
+    assert code == 0
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT job_id, elapsed_s FROM jobs").fetchall()
+    con.close()
+    assert rows == [("8", 3600)]
+
+
+@pytest.fixture
+def berlin_config(tmp_path):
+    config = tmp_path / "audit.toml"
+    config.write_text('[cluster]\ntimezone = "Europe/Berlin"\n')
+    return config
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "elapsed", "seconds", "start_utc", "end_utc"),
+    [
+        # 02:50 (summer time, 00:50 UTC) to 02:10 (winter time, 01:10 UTC): 20 minutes
+        ("2026-10-25T02:50:00", "2026-10-25T02:10:00", "", 1200, "00:50", "01:10"),
+        ("2026-10-25T02:50:00", "2026-10-25T02:10:00", "1200", 1200, "00:50", "01:10"),
+        # both in the repeated hour: read in the same (first) occurrence
+        ("2026-10-25T02:10:00", "2026-10-25T02:50:00", "", 2400, "00:10", "00:50"),
+        # ... unless sacct's elapsed time says the job ran across the change
+        ("2026-10-25T02:10:00", "2026-10-25T02:50:00", "6000", 6000, "00:10", "01:50"),
+    ],
+)
+def test_repeated_dst_hour_is_read_so_durations_agree(
+    tmp_path, run_cli, berlin_config, start, end, elapsed, seconds, start_utc, end_utc
+):
+    """Case 7: with [cluster] timezone Europe/Berlin the repeated hour gave -2400 s."""
+    path = tmp_path / "dst.sacct"
+    path.write_text(
+        f"JobID|State|Start|End|ElapsedRaw|AllocTRES|NodeList\n9|COMPLETED|{start}|{end}|{elapsed}|gres/gpu=1|n1\n"
+    )
+    db = tmp_path / "w.duckdb"
+    code, _, err = run_cli(
+        "--db", str(db), "--config", str(berlin_config), "ingest", "slurm", str(path)
+    )
+    assert code == 0, err
+    con = duckdb.connect(str(db), read_only=True)
+    got = con.execute(
+        "SELECT elapsed_s, strftime(start_time, '%H:%M'), strftime(end_time, '%H:%M') FROM jobs"
+    ).fetchall()
+    con.close()
+    assert got == [(seconds, start_utc, end_utc)]
+
+
+OLDER = "JobID|State|Start|End|ElapsedRaw|AllocTRES|NodeList\n11|RUNNING|2026-11-16T10:00:00|Unknown|600|gres/gpu=4|n1\n"
+NEWER = "JobID|State|Start|End|ElapsedRaw|AllocTRES|NodeList\n11|COMPLETED|2026-11-16T10:00:00|2026-11-16T12:00:00|7200|gres/gpu=4|n1\n"
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ["newer", "older"],  # the case seen: an old file re-imported after a newer one
+        ["older", "newer"],
+        ["newer+older"],  # both files in one command, either order
+        ["older+newer"],
+        ["newer", "older", "newer+older", "older"],
+    ],
+)
+def test_newer_record_wins_whatever_the_import_order(tmp_path, run_cli, order):
+    """Case 8: re-importing an older file set a COMPLETED job back to RUNNING."""
+    files = {"older": tmp_path / "older.sacct", "newer": tmp_path / "newer.sacct"}
+    files["older"].write_text(OLDER)
+    files["newer"].write_text(NEWER)
+    db = tmp_path / "w.duckdb"
+    for step in order:
+        code, _, err = run_cli(
+            "--db", str(db), "ingest", "slurm", *(str(files[n]) for n in step.split("+"))
+        )
+        assert code == 0, err
+    con = duckdb.connect(str(db), read_only=True)
+    got = con.execute("SELECT state, elapsed_s, end_time FROM jobs").fetchall()
+    con.close()
+    assert got == [("COMPLETED", 7200, datetime(2026, 11, 16, 12, 0))]
+
+
+def test_older_file_says_what_it_left_alone(tmp_path, run_cli):
+    older, newer = tmp_path / "older.sacct", tmp_path / "newer.sacct"
+    older.write_text(OLDER)
+    newer.write_text(NEWER)
+    db = tmp_path / "w.duckdb"
+    run_cli("--db", str(db), "ingest", "slurm", str(newer))
+    code, out, err = run_cli("--db", str(db), "ingest", "slurm", str(older))
+    assert code == 0
+    assert out.startswith("imported 0 jobs from 1 file(s) (1 lines read)")
+    assert err == "note: 1 jobs left as they are: the warehouse holds a newer record of them\n"
+
+
+def test_a_requeued_job_running_again_is_newer_than_its_failure(tmp_path, run_cli):
+    """A later attempt (requeue after NODE_FAIL) describes a later moment: it wins."""
+    failed = tmp_path / "a.sacct"
+    failed.write_text(
+        "JobID|State|Start|End|ElapsedRaw\n12|NODE_FAIL|2026-11-16T08:00:00|2026-11-16T09:00:00|3600\n"
+    )
+    again = tmp_path / "b.sacct"
+    again.write_text(
+        "JobID|State|Start|End|ElapsedRaw\n12|RUNNING|2026-11-16T09:30:00|Unknown|60\n"
+    )
+    db = tmp_path / "w.duckdb"
+    for first, second in ((failed, again), (again, failed)):
+        db.unlink(missing_ok=True)
+        run_cli("--db", str(db), "ingest", "slurm", str(first))
+        run_cli("--db", str(db), "ingest", "slurm", str(second))
+        con = duckdb.connect(str(db), read_only=True)
+        assert con.execute("SELECT state FROM jobs").fetchall() == [("RUNNING",)]
+        con.close()
+
+
+RECORDS = st.tuples(
+    st.sampled_from(["PENDING", "RUNNING", "COMPLETED", "FAILED", "REQUEUED"]),
+    st.integers(0, 5),  # start, hours after midnight (0: not started)
+    st.integers(0, 5),  # elapsed hours
+    st.booleans(),  # ended
+    st.sampled_from([None, "JS1:x"]),
+)
+
+
+def _record_frame(records) -> pl.DataFrame:
+    rows = []
+    for state, start, hours, ended, comment in records:
+        begin = datetime(2026, 11, 16, start) if start else None
+        rows.append(
+            {
+                "cluster": "c",
+                "job_id": "1",
+                "state": state,
+                "submit_time": datetime(2026, 11, 15),
+                "start_time": begin,
+                "end_time": begin + timedelta(hours=hours) if begin and ended else None,
+                "elapsed_s": hours * 3600 if begin else None,
+                "admin_comment": comment,
+            }
+        )
+    return pl.DataFrame(rows, schema=JOB_SCHEMA)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=st.lists(RECORDS, min_size=1, max_size=5), data=st.data())
+def test_import_order_never_changes_the_result(records, data):
+    """The job a warehouse ends with is the same for every order of imports, and no
+    import makes it older than what it held."""
+    frame = _record_frame(records)
+    results = set()
+    for _ in range(3):
+        order = data.draw(st.permutations(range(len(records))))
+        stored = None
+        for index in order:
+            incoming = frame[index : index + 1]
+            written = newest_records(incoming, stored)
+            if written.height:
+                before, stored = stored, written
+                if before is not None:  # what replaced it is not older: it would win back
+                    back = newest_records(before, stored)
+                    assert back.height == 0 or back.row(0) == stored.row(0)
+        results.add(tuple(stored.row(0)))
+    assert len(results) == 1
+
+
+@pytest.mark.parametrize(
+    ("header", "value", "message"),
+    [
+        ("ElapsedRaw", "inf", "ElapsedRaw: expected a whole number, got 'inf'"),
+        ("ElapsedRaw", "1e30", "ElapsedRaw: expected a whole number, got '1e30'"),
+        (
+            "ElapsedRaw",
+            "99999999999",
+            "ElapsedRaw: 99999999999 is out of range (at most 4,294,967,295)",
+        ),
+        ("TimelimitRaw", "inf", "TimelimitRaw: expected a whole number"),
+        ("TimelimitRaw", "1e30", "TimelimitRaw: expected a whole number"),
+        ("AllocTRES", "gres/gpu=inf", "gres/gpu: expected a whole number, got 'inf'"),
+        ("AllocTRES", "gres/gpu=1e30", "gres/gpu: expected a whole number, got '1e30'"),
+        (
+            "AllocTRES",
+            "gres/gpu:a100=2147483647,gres/gpu:h100=9",
+            "gres/gpu: 2147483656 GPUs is out of range",
+        ),
+        ("ReqTRES", "gres/gpu=99999999999", "gres/gpu: 99999999999 is out of range"),
+        ("NNodes", "99999999999", "NNodes: 99999999999 is out of range (at most 2,147,483,647)"),
+        ("NCPUS", "-3", "NCPUS: expected a non-negative number"),
+        (
+            "TRESUsageInMax",
+            "gres/gpumem=99999999999999999999P",
+            "gres/gpumem: 99999999999999999999P is out of range",
+        ),
+        ("TRESUsageInAve", "gres/gpuutil=1e400", "gres/gpuutil: expected a whole number"),
+        ("ReqMem", "9999999999999T", "ReqMem: 9999999999999T is out of range"),
+        ("MaxRSS", "1" * 40 + "K", "MaxRSS: expected a size like 10G"),
+        ("Elapsed", "12345678901234567-00:00:00", "Elapsed: expected D-HH:MM:SS"),
+        (
+            "Elapsed",
+            "99999999-00:00:00",
+            "Elapsed: 99999999-00:00:00 is out of range (more than 136 years)",
+        ),
+        ("Timelimit", "999999999-23:59:59", "Timelimit: 999999999-23:59:59 is out of range"),
+        ("Eligible", "2026-02-30T00:00:00", "Eligible: expected a time like"),
+        ("Submit", "99999-01-01T00:00:00", "Submit: expected a time like"),
+        ("Start", "1969-12-31T23:00:00", "Start: time '1969-12-31T23:00:00' is out of range"),
+    ],
+)
+def test_numbers_beyond_range_are_line_errors(tmp_path, run_cli, header, value, message):
+    """Issue 14: these gave exit 3 (OverflowError, polars overflow, MemoryError)."""
+    path = tmp_path / "big.sacct"
+    columns = {"JobID": "1", "State": "RUNNING", "Start": "2026-11-16T10:00:00", header: value}
+    path.write_text("|".join(columns) + "\n" + "|".join(columns.values()) + "\n")
+    db = tmp_path / "w.duckdb"
+    code, _, err = run_cli("--db", str(db), "ingest", "slurm", str(path))
+    assert code == 2, err
+    assert err == f"Error: {path}:2: {message}" + err.split(message, 1)[1]
+    assert not db.exists() or duckdb.connect(str(db), read_only=True).execute(
+        "SELECT count(*) FROM jobs"
+    ).fetchall() == [(0,)]
+
+
+def test_eligible_average_usage_and_admin_comment_from_parsable(tmp_path):
+    path = tmp_path / "x.sacct"
+    path.write_text(
+        "JobID|State|Submit|Eligible|Start|End|TRESUsageInAve|TRESUsageInMax|AdminComment\n"
+        "5|COMPLETED|2026-11-16T09:00:00|2026-11-16T09:10:00|2026-11-16T09:30:00|2026-11-16T10:00:00|||JS1:abc=\n"
+        "5.batch|COMPLETED|||||gres/gpuutil=40,gres/gpumem=2G|gres/gpuutil=90,gres/gpumem=3G|\n"
+        "5.0|COMPLETED|||||gres/gpuutil=55,gres/gpumem=1G|gres/gpuutil=70,gres/gpumem=4G|\n"
+    )
+    row = read_sacct(path, UTC).jobs.row(0, named=True)
+    assert row["eligible_time"] == datetime(2026, 11, 16, 9, 10)
+    assert (row["ave_gpu_util_pct"], row["ave_gpu_mem_bytes"]) == (55.0, 2 * 2**30)
+    assert (row["max_gpu_util_pct"], row["max_gpu_mem_bytes"]) == (90.0, 4 * 2**30)
+    assert row["admin_comment"] == "JS1:abc="
+
+
+def test_unterminated_last_line_of_sacct_output(tmp_path, run_cli):
+    path = tmp_path / "live.sacct"
+    path.write_text(HEADER_FILE + "103|x|ann|lab|gpu|RUNN")
+    code, out, err = run_cli("--db", str(tmp_path / "w.duckdb"), "ingest", "slurm", str(path))
+    assert code == 0, err
+    assert out.startswith("imported 3 jobs")
+    assert err == f"note: {path}: last line incomplete, skipped (a file still being written)\n"
+
+
+@pytest.mark.parametrize(
+    ("encoding", "bom"),
+    [("utf-16-le", b"\xff\xfe"), ("utf-16-be", b"\xfe\xff"), ("utf-8", b"\xef\xbb\xbf")],
+)
+def test_sacct_in_other_unicode_forms(tmp_path, encoding, bom):
+    path = tmp_path / "x.sacct"
+    path.write_bytes(bom + HEADER_FILE.encode(encoding))
+    assert read_sacct(path, UTC).jobs.height == 3

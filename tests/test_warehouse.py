@@ -37,6 +37,7 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "findings",
             "rule_results",
             "prune_log",
+            "run_files",
         }
 
 

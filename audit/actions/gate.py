@@ -1,4 +1,5 @@
-"""``audit gate``: stop training when general ability regresses past a tolerance.
+"""``audit gate``: stop training when general ability regresses past a tolerance, or a red
+line drops at all.
 
     import audit
     result = audit.gate("3f2a...", db="audit.duckdb", refresh=True)
@@ -6,7 +7,11 @@
 
 Compares the run's latest general-capability metrics (``[metrics] general``) with its
 baseline: an explicit run, or the run tagged ``audit.baseline=true`` with the same base
-model. Exit codes: 0 pass, 1 regressed beyond the tolerance, 2 cannot judge (and why).
+model. Red-line metrics (``[metrics] red_lines``) are compared too, each with its own
+tolerance (``[metrics] red_line_tolerances``, default 0) whatever ``--tolerance`` says: a
+red-line drop fails the gate even when the general metrics cannot be judged yet.
+Exit codes: 0 pass, 1 regressed beyond the tolerance or a red line dropped, 2 cannot judge
+(and why).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 
 from audit.config import Config, load_config
 from audit.errors import AuditError, InputError
+from audit.recipes import red_line_tolerance
 from audit.warehouse import open_warehouse
 
 DEFAULT_TOLERANCE = 0.02
@@ -33,7 +39,8 @@ class GateResult:
     run_id: str
     baseline_id: str
     tolerance: float
-    rows: list[dict] = field(default_factory=list)  # metric, baseline, current, change, allowed, ok
+    # metric, baseline, current, change, allowed, ok, red_line
+    rows: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -45,7 +52,9 @@ class GateResult:
 
     @property
     def worst(self) -> dict:
-        return min(self.rows, key=lambda r: r["change"])
+        """The failing row with the largest drop (a red line first), else the largest drop."""
+        failing = [r for r in self.rows if not r["ok"]]
+        return min(failing or self.rows, key=lambda r: (not r["red_line"], r["change"]))
 
 
 def gate(
@@ -77,8 +86,25 @@ def gate(
         baseline_id = baseline or _baseline_for(wh, run_id, config)
         if baseline_id == run_id:
             raise CannotJudge(f"run {run_id} is its own baseline")
-        current = _general(wh, run_id, globs)
-        reference = _general(wh, baseline_id, globs)
+        current = _values(wh, run_id, globs)
+        reference = _values(wh, baseline_id, globs)
+        red_globs = list(config.values["metrics"]["red_lines"])
+        red_current = _values(wh, run_id, red_globs) if red_globs else {}
+        red_reference = _values(wh, baseline_id, red_globs) if red_globs else {}
+    red_rows = [
+        _row(key, red_reference[key], red_current[key], red_line_tolerance(config, key), True)
+        for key in sorted(set(red_current) & set(red_reference))
+    ]
+    try:
+        general_rows = _general_rows(run_id, baseline_id, globs, current, reference, tolerance)
+    except CannotJudge:
+        if any(not r["ok"] for r in red_rows):
+            return GateResult(run_id, baseline_id, tolerance, red_rows)
+        raise
+    return GateResult(run_id, baseline_id, tolerance, general_rows + red_rows)
+
+
+def _general_rows(run_id, baseline_id, globs, current, reference, tolerance) -> list[dict]:
     if not current:
         raise CannotJudge(f"run {run_id} has logged no metric matching {', '.join(globs)} yet")
     if not reference:
@@ -89,20 +115,20 @@ def gate(
             f"run {run_id} and baseline {baseline_id} share no general metric "
             f"(run: {', '.join(sorted(current))}; baseline: {', '.join(sorted(reference))})"
         )
-    rows = []
-    for key in shared:
-        change = current[key] - reference[key]
-        rows.append(
-            {
-                "metric": key,
-                "baseline": reference[key],
-                "current": current[key],
-                "change": change,
-                "allowed": -tolerance,
-                "ok": change >= -tolerance - 1e-12,
-            }
-        )
-    return GateResult(run_id=run_id, baseline_id=baseline_id, tolerance=tolerance, rows=rows)
+    return [_row(key, reference[key], current[key], tolerance, False) for key in shared]
+
+
+def _row(metric: str, baseline: float, current: float, tolerance: float, red_line: bool) -> dict:
+    change = current - baseline
+    return {
+        "metric": metric,
+        "baseline": baseline,
+        "current": current,
+        "change": change,
+        "allowed": -tolerance,
+        "ok": change >= -tolerance - 1e-12,
+        "red_line": red_line,
+    }
 
 
 def _baseline_for(wh, run_id: str, config: Config) -> str:
@@ -133,7 +159,7 @@ def _baseline_for(wh, run_id: str, config: Config) -> str:
     return rows[0][0]
 
 
-def _general(wh, run_id: str, globs: list[str]) -> dict[str, float]:
+def _values(wh, run_id: str, globs: list[str]) -> dict[str, float]:
     rows = wh.con.execute(
         "SELECT key, value FROM latest_metrics WHERE run_id = ?", [run_id]
     ).fetchall()

@@ -43,11 +43,13 @@ from pathlib import Path
 from audit import interrupts
 from audit.atomic import AppendOnlyLog, read_log
 from audit.config import Config
-from audit.engine import run_rules, select_rules
 from audit.errors import InputError
 from audit.importers.checkpoints import best_candidates, checkpoint_entry, read_trainer_state
+from audit.rule_registry import select_rules
 from audit.rules._checkpoints import last_of_groups, orphan_explainer, warehouse_checkpoints
+from audit.scans import run_rules
 from audit.warehouse import open_warehouse
+from audit.windows import ALL_HISTORY
 
 PLAN_VERSION = 1
 ORPHAN_RULE = "CKP003"
@@ -221,7 +223,7 @@ def _folder_on_disk(folder: str, states: TrainerStates) -> tuple[list[dict], set
 
 def make_plan(db: Path, config: Config, include_orphans: bool = False) -> dict:
     with open_warehouse(db, read_only=True) as wh:
-        results = run_rules(wh.con, config, select_rules("CKP", None))
+        results = run_rules(wh.con, config, select_rules("CKP", None), ALL_HISTORY)
         inventory = Inventory.load(wh.con, config)
         why_orphan = orphan_explainer(wh.con)
     skipped = [f"{r.rule}: {r.reason}" for r in results if r.status != "ok"]

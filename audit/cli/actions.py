@@ -50,7 +50,10 @@ from audit.cli.output import table
 def gate_command(
     app: AppContext, run_id, baseline, tolerance, globs, refresh, tracking_uri, tag
 ) -> None:
-    """Fail when a run's general ability regressed past the tolerance (exit 1); 2 if it cannot tell.
+    """Fail when a run's general ability regressed past the tolerance or a red line dropped (exit 1).
+
+    Red lines ([metrics] red_lines) fail on any drop beyond their own tolerance ([metrics]
+    red_line_tolerances, default 0), whatever --tolerance says. Exit 2 when it cannot tell.
 
     Meant for training loops: call it every N steps with --refresh and stop on exit 1.
 
@@ -85,7 +88,7 @@ def gate_command(
                     f"{r['current']:.4f}",
                     f"{r['change']:+.4f}",
                     f"{r['allowed']:+.4f}",
-                    "ok" if r["ok"] else "REGRESSED",
+                    "ok" if r["ok"] else ("RED LINE" if r["red_line"] else "REGRESSED"),
                 ]
                 for r in result.rows
             ],
@@ -94,9 +97,14 @@ def gate_command(
     )
     worst = result.worst
     verdict = "pass" if result.passed else "FAIL"
+    allowed = (
+        f"red line, tolerance {-worst['allowed']:g}"
+        if worst["red_line"]
+        else (f"tolerance {result.tolerance:g}")
+    )
     click.echo(
         f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} against baseline {result.baseline_id} "
-        f"(tolerance {result.tolerance:g})"
+        f"({allowed})"
     )
     if tag:
         tag_verdict(result, app.db_path, tracking_uri, app.config)

@@ -70,11 +70,17 @@ def _fields(value: str | None) -> list[str] | None:
 
 
 def _report_skipped(summary) -> None:
+    for message in summary.notes:
+        click.echo(f"note: {message}", err=True)
+    for message in summary.warnings[:20]:
+        click.echo(f"warning: {message}", err=True)
+    if len(summary.warnings) > 20:
+        click.echo(f"warning: ... {len(summary.warnings) - 20} more", err=True)
     for message in summary.skipped[:20]:
         click.echo(f"skipped: {message}", err=True)
     if len(summary.skipped) > 20:
         click.echo(
-            f"skipped: ... {len(summary.skipped) - 20} more {summary.skipped_unit}", err=True
+            f"skipped: ... {len(summary.skipped) - 20} more {summary.skipped_what}", err=True
         )
 
 
@@ -104,17 +110,19 @@ skip_bad_option = click.option(
 @skip_bad_option
 @pass_app
 def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -> None:
-    """Import Slurm accounting (sacct -P output, with or without header).
+    """Import Slurm accounting (sacct -P output, with or without header, or sacct --json).
 
     Job and step rows (123.batch, 123.0, 123_4) are read; step usage (GPU utilisation and
-    memory from TRESUsageInMax) rolls up to the job. Naive times are read in the
-    configured [cluster] timezone.
+    memory from TRESUsageInMax and TRESUsageInAve) rolls up to the job. Naive times are
+    read in the configured [cluster] timezone. A job already imported keeps its newer
+    record, whatever the order of imports.
 
     \b
     Example:
-      sacct -a -X -P -S 2026-11-16 -E 2026-11-23 -o JobID,JobName,User,... > week.sacct
+      sacct -a -P -S 2026-11-16 -E 2026-11-23 -o JobID,JobName,User,... > week.sacct
       audit ingest slurm week.sacct
       audit ingest slurm --fields JobID,JobName,User --delimiter '☃' dump.txt
+      sacct -a --json -S 2026-11-16 -E 2026-11-23 > week.json && audit ingest slurm week.json
     """
     from audit.importers.cluster import import_slurm
 
@@ -150,7 +158,9 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     """Import GPU telemetry: nvidia-smi CSV, dcgm-exporter text, Prometheus JSON.
 
     The format is detected from the content. nvidia-smi files may have any column order
-    and subset, units in the header or the values, N/A values, and no index column.
+    and subset, units in the header or the values, N/A values, and no index column (one
+    GPU per file, or GPUs by their order in each sample); UTF-8 or UTF-16 with BOM. A last
+    line cut off by a file still being written is skipped with a note.
 
     \b
     Example:
@@ -214,3 +224,97 @@ def ingest_links(app: AppContext) -> None:
         f"{changes.checkpoints_after}, runs with a Slurm job {changes.runs_with_jobs_before} -> "
         f"{changes.runs_with_jobs_after}"
     )
+
+
+skip_bad_runs_option = click.option(
+    "--skip-bad",
+    is_flag=True,
+    help="Import the readable runs and list the unreadable ones (default: stop at the first, "
+    "write nothing).",
+)
+
+
+@ingest.command("wandb")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@skip_bad_runs_option
+@pass_app
+def ingest_wandb(app: AppContext, paths, skip_bad) -> None:
+    """Import W&B run folders from disk (offline or synced; no network, no API key).
+
+    PATH is a wandb/ folder, a run folder (run-*/offline-run-*), a .wandb file, or any
+    folder above them. Reads each run's .wandb transaction log: config as params, history
+    as metrics, system metrics as GPU samples of the run, exit status. Needs the
+    'audit-waste[wandb]' extra; without it only files/ (config, summary, metadata) is read.
+    A log cut short imports what precedes the damage, with a warning; a re-import reads
+    only what a log gained since.
+
+    \b
+    Example:
+      pip install 'audit-waste[wandb]'
+      audit ingest wandb /scratch/agents/wandb
+      audit ingest wandb --skip-bad runs/*/wandb
+    """
+    from audit.importers.wandb import import_wandb
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_wandb(
+            wh, _paths(paths), config, skip_bad, ProgressReporter("importing W&B runs")
+        )
+    _report_skipped(summary)
+    click.echo(summary.line())
+
+
+@ingest.command("trainer-logs")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@skip_bad_runs_option
+@pass_app
+def ingest_trainer_logs(app: AppContext, paths, skip_bad) -> None:
+    """Import runs logged to no tracker: HF Trainer, LLaMA-Factory and verl files.
+
+    PATH is a training output folder or any folder above them, or a log file. One run per
+    output folder, from the most complete trainer_state.json (its own or a checkpoint-N/
+    one) or LLaMA-Factory's trainer_log.jsonl with training_args.yaml and *_results.json;
+    one run per verl file-logger JSONL. training_args.bin is never unpickled.
+
+    \b
+    Example:
+      audit ingest trainer-logs /scratch/coder/saves
+      audit ingest trainer-logs outputs/grpo/metrics.jsonl
+    """
+    from audit.importers.trainer_logs import import_trainer_logs
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_trainer_logs(
+            wh, _paths(paths), config, skip_bad, ProgressReporter("importing trainer logs")
+        )
+    _report_skipped(summary)
+    click.echo(summary.line())
+
+
+@ingest.command("tensorboard")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@skip_bad_runs_option
+@pass_app
+def ingest_tensorboard(app: AppContext, paths, skip_bad) -> None:
+    """Import TensorBoard event files: every scalar, and hparams as params.
+
+    PATH is a log dir, a run folder or an event file; each folder holding
+    events.out.tfevents.* files is one run. Read with TensorBoard's own loader (the
+    'audit-waste[tensorboard]' extra), all events, no sampling.
+
+    \b
+    Example:
+      pip install 'audit-waste[tensorboard]'
+      audit ingest tensorboard outputs/sft-qwen/runs
+    """
+    from audit.importers.tensorboard import import_tensorboard
+
+    config = app.config
+    with app.warehouse() as wh:
+        summary = import_tensorboard(
+            wh, _paths(paths), config, skip_bad, ProgressReporter("importing TensorBoard runs")
+        )
+    _report_skipped(summary)
+    click.echo(summary.line())

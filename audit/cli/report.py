@@ -53,7 +53,7 @@ def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
       audit report weekly --format md | mail -s "GPU waste" team@example.com
     """
     from audit.reports.render import render_html, render_json, render_markdown
-    from audit.reports.weekly import Window, last_complete_week, parse_week
+    from audit.windows import Window, last_complete_week, parse_week
 
     config = app.config
     if (since is None) != (until is None):
@@ -63,7 +63,7 @@ def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
     if since:
         if since >= until:
             raise click.UsageError("--since must be before --until")
-        window = Window(f"{since:%Y-%m-%d} to {until:%Y-%m-%d}", since, until)
+        window = Window(since, until, f"{since:%Y-%m-%d} to {until:%Y-%m-%d}")
     else:
         window = parse_week(week, config.timezone) if week else last_complete_week(config.timezone)
     from audit.reports.weekly import build_report

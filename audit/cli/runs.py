@@ -194,7 +194,14 @@ def runs_similar(
         if result.exact.height:
             emit(
                 result.exact.select(
-                    "run_id", "run_name", "status", "start_time", "target", "general", "gpu_hours"
+                    "run_id",
+                    "run_name",
+                    "status",
+                    "start_time",
+                    "target",
+                    "general",
+                    "gpu_hours",
+                    "run_hours",
                 ),
                 fmt,
             )

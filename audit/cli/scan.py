@@ -10,8 +10,11 @@ import click
 from audit import atomic
 from audit.cli import AppContext, cli, pass_app
 from audit.cli.output import safe, table
-from audit.engine import Severity, all_rules, get_rule, scan, select_rules
+from audit.rule_api import Severity
+from audit.rule_registry import all_rules, get_rule, select_rules
+from audit.scans import scan
 from audit.summary import summarise
+from audit.windows import Window
 
 DATE = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
 SEVERITIES = [s.label for s in Severity]
@@ -71,7 +74,7 @@ def render_table(result, summary, top: int = 10) -> str:
     spend = summary["spend"]
     share = (
         f" ({100 * waste['usd'] / spend['usd']:.1f} % of ${spend['usd']:,.2f} spent on {spend['runs']} runs"
-        f" and {spend['jobs_without_run']} jobs without a run)"
+        f" and {spend['jobs_without_run']} {'job' if spend['jobs_without_run'] == 1 else 'jobs'} without a run)"
         if spend["usd"]
         else ""
     )
@@ -79,6 +82,23 @@ def render_table(result, summary, top: int = 10) -> str:
     lines.append(
         f"waste: {waste['gpu_hours']:,.1f} GPU-h, ${waste['usd']:,.2f}{share}, {waste['bytes'] / 1e9:,.1f} GB reclaimable"
     )
+    if waste["unknown_cost"]:
+        lines.append(
+            f"unknown cost: {waste['unknown_cost']} findings ({waste['unknown_cost_run_hours']:,.2f} "
+            "run-hours) have no GPU count in any source; not included above"
+        )
+    if spend["runs_without_cost"]:
+        lines.append(
+            f"spend excludes {spend['runs_without_cost']} runs with an unknown GPU count "
+            f"({spend['run_hours_without_cost']:,.2f} run-hours): see [cost] in audit.toml"
+        )
+    evaluation = summary["evaluation"]
+    if evaluation["runs"]:
+        lines.append(
+            f"evaluation: {evaluation['gpu_hours']:,.1f} GPU-h, ${evaluation['usd']:,.2f} on "
+            f"{evaluation['runs']} evaluation runs (in the spend above), "
+            f"${evaluation['duplicate_usd']:,.2f} of it duplicates"
+        )
     if summary["suppressed"]:
         lines.append(f"suppressed: {summary['suppressed']} findings (listed in --format json)")
     active = result.active
@@ -93,8 +113,8 @@ def render_table(result, summary, top: int = 10) -> str:
                         f.severity.label,
                         f.rule,
                         _subject(f.subject),
-                        f"{f.gpu_hours:,.1f}",
-                        f"{f.usd:,.2f}",
+                        "?" if f.gpu_hours is None else f"{f.gpu_hours:,.1f}",
+                        "?" if f.usd is None else f"{f.usd:,.2f}",
                         f.message,
                     ]
                     for f in active[:top]
@@ -137,8 +157,9 @@ def render_markdown(result, summary, top: int = 20) -> str:
     ]
     out += ["", "| severity | rule | subject | waste | finding |", "|---|---|---|--:|---|"]
     for f in result.active[:top]:
+        cost = "unknown" if f.usd is None else f"${f.usd:,.2f}"
         out.append(
-            f"| {f.severity.label} | {f.rule} | {_md(_subject(f.subject))} | ${f.usd:,.2f} | {_md(f.message)} |"
+            f"| {f.severity.label} | {f.rule} | {_md(_subject(f.subject))} | {cost} | {_md(f.message)} |"
         )
     return "\n".join(out) + "\n"
 
@@ -148,7 +169,17 @@ def _md(text: str) -> str:
 
 
 def _subject(subject: dict) -> str:
-    for key in ("run_name", "job_id", "host", "dataset_digest", "run_dir"):
+    for key in (
+        "run_name",
+        "job_id",
+        "host",
+        "dataset_digest",
+        "run_dir",
+        "experiment",
+        "base_model",
+        "team",
+        "evaluated_model",
+    ):
         if subject.get(key):
             return str(subject[key])
     return json.dumps(subject, default=str)
@@ -197,17 +228,16 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
         raise click.UsageError("--format html needs --output PATH")
     rules = select_rules(select, ignore)
     config = app.config
+    window = Window(since, until)
+    shared: dict = {}
     with app.warehouse() as wh:
-        result = scan(wh, config, rules, since, until)
-        summary = summarise(result, wh.con, config)
+        result = scan(wh, config, rules, window, shared)
+        summary = summarise(result, wh.con, config, shared)
         if fmt == "html":
             from audit.reports.render import render_html
-            from audit.reports.weekly import Window, build_report
+            from audit.reports.weekly import build_report
 
-            label = f"{since or 'start'} to {until or 'now'}"
-            html = render_html(
-                build_report(wh, config, Window(label, since, until), weekly=False, result=result)
-            )
+            html = render_html(build_report(wh, config, window, weekly=False, result=result))
     document = scan_document(result, summary)
     if fmt == "html":
         text = html

@@ -1,15 +1,13 @@
 """Importing cluster files: Slurm accounting, GPU telemetry, checkpoint folders.
 
-Each call is one transaction over all the files given: every file parses before anything
-is written, so a bad line in the third file leaves the warehouse untouched. Re-importing
-the same file is a no-op; overlapping files merge without duplicates.
+Each is a ``FileSource`` run by the shared loop (``audit.importers.files.import_files``):
+one transaction over all the files given, so a bad line in the third file leaves the
+warehouse untouched. Re-importing the same file is a no-op; overlapping files merge
+without duplicates.
 """
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -17,30 +15,77 @@ import polars as pl
 
 from audit.config import Config
 from audit.importers.checkpoints import scan_roots
-from audit.importers.files import insert_frame, log_file_import, now_utc, replace_by_key
-from audit.importers.links import refresh_links
-from audit.importers.slurm import read_sacct
+from audit.importers.files import (
+    FileImportSummary,
+    FileSource,
+    ParsedUnit,
+    import_files,
+    insert_frame,
+    now_utc,
+    replace_by_key,
+)
+from audit.importers.slurm import newest_records, read_sacct
 from audit.importers.telemetry import read_telemetry
 from audit.warehouse import Warehouse
 
 
-@dataclass
-class FileImportSummary:
-    kind: str
-    files: int = 0
-    rows_read: int = 0
-    rows_written: int = 0
-    skipped: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    detail: str = ""
-    skipped_unit: str = "bad lines"
+class SlurmSource(FileSource):
+    kind = "slurm"
+    noun = "jobs"
 
-    def line(self) -> str:
-        skipped = f", skipped {len(self.skipped)} {self.skipped_unit}" if self.skipped else ""
-        return (
-            f"imported {self.rows_written:,} {self.detail} from {self.files} file(s) "
-            f"({self.rows_read:,} lines read{skipped}) in {self.seconds:.2f} s"
+    def __init__(self, config: Config, fields, delimiter: str, skip_bad: bool, cluster: str):
+        self.options = dict(fields=fields, delimiter=delimiter, skip_bad=skip_bad, cluster=cluster)
+        self.timezone = config.timezone
+        self.parsed: list = []
+
+    def parse(self, unit: Path) -> ParsedUnit:
+        parsed = read_sacct(unit, self.timezone, **self.options)
+        return ParsedUnit(
+            parsed, rows_read=parsed.lines, skipped=parsed.skipped, notes=parsed.notes
         )
+
+    def write(self, con, unit: Path, parsed: ParsedUnit) -> int:
+        # Jobs of all files are merged first: a job in a later file replaces the earlier row.
+        self.parsed.append(parsed.payload)
+        return parsed.payload.jobs.height
+
+    def finish(self, con, summary: FileImportSummary) -> None:
+        # The newest record of a job wins (a later moment, then a finished state), whatever
+        # the order of the files and whatever the warehouse already holds.
+        incoming = newest_records(pl.concat([p.jobs for p in self.parsed]))
+        jobs = newest_records(incoming, _stored_jobs(con, incoming))
+        if jobs.height < incoming.height:
+            summary.notes.append(
+                f"{incoming.height - jobs.height} jobs left as they are: the warehouse holds "
+                "a newer record of them"
+            )
+        nodes = pl.concat([p.nodes for p in self.parsed]).join(
+            jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi"
+        )
+        nodes = nodes.unique(maintain_order=True)
+        summary.rows_written = jobs.height
+        replace_by_key(
+            con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"]
+        )
+        con.register("incoming_job_keys", jobs.select("cluster", "job_id"))
+        con.execute(
+            "DELETE FROM job_nodes n WHERE EXISTS (SELECT 1 FROM incoming_job_keys k "
+            "WHERE k.cluster = n.cluster AND k.job_id = n.job_id)"
+        )
+        con.unregister("incoming_job_keys")
+        insert_frame(con, "job_nodes", nodes)
+
+
+def _stored_jobs(con, incoming: pl.DataFrame) -> pl.DataFrame:
+    """The warehouse's records of the incoming jobs."""
+    con.register("incoming_job_keys", incoming.select("cluster", "job_id"))
+    try:
+        return con.sql(
+            "SELECT j.* FROM jobs j SEMI JOIN incoming_job_keys k "
+            "ON k.cluster = j.cluster AND k.job_id = j.job_id"
+        ).pl()
+    finally:
+        con.unregister("incoming_job_keys")
 
 
 def import_slurm(
@@ -52,53 +97,46 @@ def import_slurm(
     skip_bad: bool = False,
     cluster: str = "default",
 ) -> FileImportSummary:
-    started = time.monotonic()
-    summary = FileImportSummary(kind="slurm", files=len(paths), detail="jobs")
-    parsed = [
-        read_sacct(
-            p,
-            config.timezone,
-            fields=fields,
-            delimiter=delimiter,
-            skip_bad=skip_bad,
-            cluster=cluster,
+    source = SlurmSource(config, fields, delimiter, skip_bad, cluster)
+    return import_files(wh, source, paths, config, skip_bad)
+
+
+class GpuSource(FileSource):
+    kind = "gpu"
+    noun = "GPU samples"
+    workers = 2
+
+    def __init__(self, config: Config, host, fields, skip_bad: bool, at: datetime | None):
+        self.options = dict(host=host, fields=fields, skip_bad=skip_bad, at=at)
+        self.timezone = config.timezone
+
+    def parse(self, unit: Path) -> ParsedUnit:
+        parsed = read_telemetry(unit, self.timezone, **self.options)
+        samples = parsed.samples
+        if samples.select(pl.struct("host", "gpu", "ts").is_duplicated().any()).item():
+            samples = samples.unique(["host", "gpu", "ts"], keep="first", maintain_order=True)
+        # Repeated strings as dictionaries: DuckDB ingests them a third faster.
+        samples = samples.with_columns(
+            pl.col("host", "gpu", "model", "origin").cast(pl.Categorical)
         )
-        for p in paths
-    ]
-    jobs = pl.concat([p.jobs for p in parsed]).unique(
-        ["cluster", "job_id"], keep="last", maintain_order=True
-    )
-    nodes = pl.concat([p.nodes for p in parsed]).join(
-        jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi"
-    )
-    nodes = nodes.unique(maintain_order=True)
-    summary.rows_read = sum(p.lines for p in parsed)
-    summary.skipped = [s for p in parsed for s in p.skipped]
-    summary.rows_written = jobs.height
-    with wh.transaction() as con:
-        replace_by_key(
-            con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"]
+        return ParsedUnit(
+            samples, rows_read=parsed.rows_read, skipped=parsed.skipped, notes=parsed.notes
         )
-        con.register("incoming_job_keys", jobs.select("cluster", "job_id"))
-        con.execute(
-            "DELETE FROM job_nodes n WHERE EXISTS (SELECT 1 FROM incoming_job_keys k "
-            "WHERE k.cluster = n.cluster AND k.job_id = n.job_id)"
+
+    def begin(self, con) -> None:
+        self.before = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
+        self.batch = SampleBatch(con, stored_spans(con))
+
+    def write(self, con, unit: Path, parsed: ParsedUnit) -> int:
+        # Files are written in the order given, so where files overlap the first one wins.
+        self.batch.add(parsed.payload)
+        return parsed.payload.height
+
+    def finish(self, con, summary: FileImportSummary) -> None:
+        self.batch.flush()
+        summary.rows_written = (
+            con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - self.before
         )
-        con.unregister("incoming_job_keys")
-        insert_frame(con, "job_nodes", nodes)
-        refresh_links(con, config)
-        summary.seconds = time.monotonic() - started
-        for path, p in zip(paths, parsed, strict=True):
-            log_file_import(
-                con,
-                "slurm",
-                str(path.resolve()),
-                p.lines,
-                p.jobs.height,
-                len(p.skipped),
-                summary.seconds,
-            )
-    return summary
 
 
 def import_gpu(
@@ -110,60 +148,20 @@ def import_gpu(
     skip_bad: bool = False,
     at: datetime | None = None,
 ) -> FileImportSummary:
-    started = time.monotonic()
-    summary = FileImportSummary(kind="gpu", files=len(paths), detail="GPU samples")
-
-    def parse(path: Path):
-        parsed = read_telemetry(
-            path, config.timezone, host=host, fields=fields, skip_bad=skip_bad, at=at
-        )
-        if parsed.samples.select(pl.struct("host", "gpu", "ts").is_duplicated().any()).item():
-            parsed.samples = parsed.samples.unique(
-                ["host", "gpu", "ts"], keep="first", maintain_order=True
-            )
-        # Repeated strings as dictionaries: DuckDB ingests them a third faster.
-        parsed.samples = parsed.samples.with_columns(
-            pl.col("host", "gpu", "model", "origin").cast(pl.Categorical)
-        )
-        return parsed
-
-    parsed = []
-    with wh.transaction() as con:
-        before = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
-        stored = {
-            host: (lo, hi)
-            for host, lo, hi in con.execute(
-                "SELECT host, min(ts), max(ts) FROM gpu_samples GROUP BY host"
-            ).fetchall()
-        }
-        # polars and DuckDB release the GIL: the next files parse while this one is written.
-        # Files are written in the order given, so where files overlap the first one wins.
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            batch = _SampleBatch(con, stored)
-            for result in pool.map(parse, paths):
-                batch.add(result.samples)
-                parsed.append(result)
-            batch.flush()
-        summary.rows_read = sum(p.rows_read for p in parsed)
-        summary.skipped = [s for p in parsed for s in p.skipped]
-        summary.rows_written = (
-            con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before
-        )
-        summary.seconds = time.monotonic() - started
-        for path, p in zip(paths, parsed, strict=True):
-            log_file_import(
-                con,
-                "gpu",
-                str(path.resolve()),
-                p.rows_read,
-                p.samples.height,
-                len(p.skipped),
-                summary.seconds,
-            )
-    return summary
+    return import_files(wh, GpuSource(config, host, fields, skip_bad, at), paths, config, skip_bad)
 
 
-class _SampleBatch:
+def stored_spans(con) -> dict:
+    """Per host, the time span of the samples already in the warehouse."""
+    return {
+        host: (lo, hi)
+        for host, lo, hi in con.execute(
+            "SELECT host, min(ts), max(ts) FROM gpu_samples GROUP BY host"
+        ).fetchall()
+    }
+
+
+class SampleBatch:
     """Collects parsed files into large inserts (one insert per file costs DuckDB 2.4x more).
 
     ``stored`` maps each host to the time span already in the table and is kept current, so
@@ -222,32 +220,22 @@ class _SampleBatch:
             self.con.unregister("incoming_samples")
 
 
+class CheckpointSource(FileSource):
+    kind = "checkpoints"
+    noun = "checkpoints"
+    skipped_what = "unreadable entries"
+
+    def parse(self, unit: Path) -> ParsedUnit:
+        unreadable: list[str] = []
+        found = scan_roots([unit], unreadable)
+        return ParsedUnit(found, rows_read=found.height, skipped=unreadable)
+
+    def write(self, con, unit: Path, parsed: ParsedUnit) -> int:
+        # A rescan replaces the inventory of its root: deleted checkpoints disappear.
+        con.execute("DELETE FROM checkpoints WHERE root = ?", [str(unit.resolve())])
+        insert_frame(con, "checkpoints", parsed.payload.with_columns(imported_at=pl.lit(now_utc())))
+        return parsed.payload.height
+
+
 def import_checkpoints(wh: Warehouse, roots: list[Path], config: Config) -> FileImportSummary:
-    started = time.monotonic()
-    summary = FileImportSummary(
-        kind="checkpoints",
-        files=len(roots),
-        detail="checkpoints",
-        skipped_unit="unreadable entries",
-    )
-    found = scan_roots(roots, summary.skipped)
-    summary.rows_read = found.height
-    summary.rows_written = found.height
-    with wh.transaction() as con:
-        # A rescan replaces the inventory of its roots: deleted checkpoints disappear.
-        for root in {str(r.resolve()) for r in roots}:
-            con.execute("DELETE FROM checkpoints WHERE root = ?", [root])
-        insert_frame(con, "checkpoints", found.with_columns(imported_at=pl.lit(now_utc())))
-        refresh_links(con, config)
-        summary.seconds = time.monotonic() - started
-        for root in roots:
-            log_file_import(
-                con,
-                "checkpoints",
-                str(root.resolve()),
-                found.height,
-                found.height,
-                len(summary.skipped),
-                summary.seconds,
-            )
-    return summary
+    return import_files(wh, CheckpointSource(), roots, config)

@@ -1,10 +1,24 @@
-"""Shared plumbing for file importers: replacing rows by key inside one transaction."""
+"""Shared plumbing of importers: the file-import loop, replacing rows by key, reading ahead."""
 
 from __future__ import annotations
 
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
 import polars as pl
+
+from audit.errors import InputError
+from audit.progress import NoProgress, ProgressReporter
+
+T = TypeVar("T")
 
 
 def now_utc() -> datetime:
@@ -38,10 +52,220 @@ def replace_by_key(con, table: str, frame: pl.DataFrame, keys: list[str]) -> Non
     insert_frame(con, table, frame)
 
 
-def log_file_import(
-    con, kind: str, location: str, read: int, written: int, skipped: int, seconds: float
-) -> None:
-    con.execute(
-        "INSERT INTO file_imports VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [kind, location, now_utc(), read, written, skipped, seconds],
+def log_file_imports(con, kind: str, rows: list[tuple[str, int, int, int]], seconds: float) -> None:
+    """One ``file_imports`` row per file or folder read: (location, read, written, skipped)."""
+    if not rows:
+        return
+    frame = pl.DataFrame(
+        rows,
+        schema={
+            "location": pl.String,
+            "rows_read": pl.Int64,
+            "rows_written": pl.Int64,
+            "rows_skipped": pl.Int64,
+        },
+        orient="row",
+    ).with_columns(kind=pl.lit(kind), imported_at=pl.lit(now_utc()), seconds=pl.lit(seconds))
+    insert_frame(con, "file_imports", frame)
+
+
+def prefetch(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """Read the next batches in a thread while the caller writes the current one.
+
+    Reading (SQLite/HTTP, Arrow conversion) and DuckDB inserts both release the GIL, so
+    the two overlap on separate cores. Errors in the reader re-raise in the caller.
+    """
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        handoff.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handoff.put(done)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            handoff.put(exc)
+
+    thread = threading.Thread(target=produce, name="audit-import-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := handoff.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+@dataclass
+class FileImportSummary:
+    kind: str
+    files: int = 0
+    rows_read: int = 0
+    rows_written: int = 0
+    skipped: list[str] = field(default_factory=list)  # bad lines, or bad files with --skip-bad
+    warnings: list[str] = field(default_factory=list)  # imported, with a caveat
+    notes: list[str] = field(default_factory=list)  # how the input was read (one GPU, ...)
+    seconds: float = 0.0
+    detail: str = ""
+    unit: str = "file(s)"
+    extra: str = ""  # what else was written, for the summary line
+    read_what: str = "lines"
+    skipped_what: str = "bad lines"
+
+    def line(self) -> str:
+        skipped = f", skipped {len(self.skipped)} {self.skipped_what}" if self.skipped else ""
+        extra = f", {self.extra}" if self.extra else ""
+        return (
+            f"imported {self.rows_written:,} {self.detail}{extra} from {self.files} {self.unit} "
+            f"({self.rows_read:,} {self.read_what} read{skipped}) in {self.seconds:.2f} s"
+        )
+
+
+@dataclass
+class ParsedUnit:
+    """What a file source read from one unit (a file or a run folder)."""
+
+    payload: Any
+    rows_read: int
+    skipped: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class FileSource:
+    """One kind of file import: a module parses a path into rows, and this loop does the rest.
+
+    Adding a source is one subclass plus a CLI command: ``units`` expands the paths given
+    into what is parsed (files, or run folders), ``parse`` reads one unit without touching the
+    warehouse (it may run in a worker thread), ``write`` stores it inside the import's
+    transaction, ``finish`` writes what was gathered over all units. An ``InputError`` from
+    ``parse`` stops the import with nothing written, or with ``--skip-bad`` (when
+    ``skips_bad_units``) skips that unit and lists it.
+    """
+
+    kind: ClassVar[str]  # file_imports.kind
+    noun: ClassVar[str]  # what rows_written counts, for the summary line
+    unit: ClassVar[str] = "file(s)"
+    read_what: ClassVar[str] = "lines"
+    workers: ClassVar[int] = 1  # units parsed ahead in threads while one is written
+    skips_bad_units: ClassVar[bool] = False
+    skipped_what: ClassVar[str | None] = None  # what ParsedUnit.skipped lists, if not bad lines
+
+    def units(self, paths: list[Path]) -> list[Path]:
+        return paths
+
+    def parse(self, unit: Path) -> ParsedUnit:
+        raise NotImplementedError
+
+    def begin(self, con) -> None:
+        """Before the first unit is written, inside the transaction."""
+
+    def write(self, con, unit: Path, parsed: ParsedUnit) -> int:
+        """Store one unit; returns the rows it wrote (or queued) for the file log."""
+        raise NotImplementedError
+
+    def finish(self, con, summary: FileImportSummary) -> None:
+        """After the last unit, inside the transaction: flush, derive, fill the summary."""
+
+
+def import_files(
+    wh,
+    source: FileSource,
+    paths: list[Path],
+    config,
+    skip_bad: bool = False,
+    progress: ProgressReporter | None = None,
+) -> FileImportSummary:
+    """The one import loop of file sources: one transaction, the file log, progress."""
+    from audit.importers.links import refresh_links
+
+    progress = progress or NoProgress()
+    started = time.monotonic()
+    units = source.units(paths)
+    summary = FileImportSummary(
+        kind=source.kind,
+        files=len(units),
+        detail=source.noun,
+        unit=source.unit,
+        read_what=source.read_what,
+        skipped_what=source.skipped_what
+        or ("bad " + source.unit.replace("(s)", "s") if source.skips_bad_units else "bad lines"),
     )
+    logged: list[tuple[Path, ParsedUnit, int]] = []
+    progress.start(len(units))
+    try:
+        with wh.transaction() as con:
+            source.begin(con)
+            for unit, parsed in parse_ahead(source.parse, units, source.workers):
+                progress.advance(1)
+                if isinstance(parsed, InputError):
+                    if not (skip_bad and source.skips_bad_units):
+                        raise parsed
+                    summary.skipped.append(str(parsed))
+                    continue
+                written = source.write(con, unit, parsed)
+                summary.rows_read += parsed.rows_read
+                summary.rows_written += written
+                summary.skipped.extend(parsed.skipped)
+                summary.warnings.extend(parsed.warnings)
+                summary.notes.extend(parsed.notes)
+                logged.append((unit, parsed, written))
+            source.finish(con, summary)
+            refresh_links(con, config)
+            summary.seconds = time.monotonic() - started
+            log_file_imports(
+                con,
+                source.kind,
+                [
+                    (str(unit.resolve()), parsed.rows_read, written, len(parsed.skipped))
+                    for unit, parsed, written in logged
+                ],
+                summary.seconds,
+            )
+    finally:
+        progress.stop()
+    return summary
+
+
+def parse_ahead(
+    parse: Callable[[Path], ParsedUnit], units: list[Path], workers: int
+) -> Iterator[tuple[Path, ParsedUnit | InputError]]:
+    """``(unit, parse(unit))`` in order, with up to ``workers`` units parsed ahead in threads
+    (polars and DuckDB release the GIL, so the next files parse while one is written).
+    At most ``2 × workers`` results wait, so memory stays bounded. An ``InputError`` is
+    handed over as a value (the caller decides whether to skip); anything else is raised."""
+
+    def guarded(unit: Path) -> ParsedUnit | InputError:
+        try:
+            return parse(unit)
+        except InputError as exc:
+            return exc
+
+    if workers <= 1:
+        for unit in units:
+            yield unit, guarded(unit)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: collections.deque = collections.deque()
+        queued = iter(units)
+        for unit in queued:
+            pending.append((unit, pool.submit(guarded, unit)))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            unit, future = pending.popleft()
+            result = future.result()
+            nxt = next(queued, None)
+            if nxt is not None:
+                pending.append((nxt, pool.submit(guarded, nxt)))
+            yield unit, result

@@ -304,7 +304,7 @@ def _system_metrics_as_telemetry(con) -> None:
     con.execute("DELETE FROM gpu_samples WHERE origin = 'mlflow'")
     con.execute(
         r"""
-        INSERT INTO gpu_samples (host, gpu, ts, util_pct, mem_used_mib, power_w, origin)
+        INSERT INTO gpu_samples (host, gpu, ts, util_pct, mem_used_mib, power_w, origin, source_id, run_id)
         WITH host_of AS (
             SELECT l.source_id, l.run_id, min(n.host) AS host
             FROM run_jobs l JOIN job_nodes n ON n.cluster = l.cluster AND n.job_id = l.job_id
@@ -320,7 +320,7 @@ def _system_metrics_as_telemetry(con) -> None:
                max(p.value) FILTER (WHERE p.field = 'utilization_percentage'),
                max(p.value) FILTER (WHERE p.field = 'memory_usage_megabytes'),
                max(p.value) FILTER (WHERE p.field = 'power_usage_watts'),
-               'mlflow'
+               'mlflow', any_value(p.source_id), any_value(p.run_id)
         FROM points p JOIN host_of h USING (source_id, run_id)
         WHERE p.gpu <> ''
           AND NOT EXISTS (SELECT 1 FROM gpu_samples g WHERE g.host = h.host AND g.gpu = p.gpu AND g.ts = p.ts)

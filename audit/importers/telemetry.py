@@ -7,17 +7,19 @@ are parsed by polars in bulk, never line by line in Python.
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import polars as pl
 
-from audit.errors import InputError, utf8_problem
+from audit.errors import InputError
+from audit.importers import text
+from audit.importers.text import describe
 
 SAMPLE_SCHEMA = {
     "host": pl.String,
@@ -44,7 +46,11 @@ _SMI_COLUMNS = {
     "uuid": "uuid",
 }
 _SMI_IDENTITY = ("index", "uuid", "pci.bus_id")
-_MISSING = ["N/A", "[N/A]", "[Not Supported]", "[Unknown Error]", "[GPU is lost]", ""]
+# What nvidia-smi writes for a value it cannot measure. It never writes an empty value: an
+# empty measurement is a cut line; an empty name or uuid is just unknown.
+_NOT_MEASURED = ["N/A", "[N/A]", "[Not Supported]", "[Unknown Error]", "[GPU is lost]"]
+_MISSING = [*_NOT_MEASURED, ""]
+_MEASURED = ("utilization.gpu", "memory.used", "memory.total", "power.draw", "power.draw.average")
 # dcgm-exporter field -> (column, scale)
 DCGM_FIELDS = {
     "DCGM_FI_DEV_GPU_UTIL": ("util_pct", 1.0),
@@ -63,6 +69,51 @@ class TelemetryFile:
     samples: pl.DataFrame
     rows_read: int
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# -- what a sample may hold: one rule for nvidia-smi, DCGM and Prometheus ---------------------
+MAX_MIB = float(1 << 24)  # 16 TiB of memory on one GPU
+MAX_WATTS = 10_000.0
+VALID_RANGES = {
+    # column: (lowest, highest, what it is called in a message, unit)
+    "util_pct": (0.0, 100.0, "utilization", "%"),
+    "mem_used_mib": (0.0, MAX_MIB, "memory.used", "MiB"),
+    "mem_total_mib": (0.0, MAX_MIB, "memory.total", "MiB"),
+    "power_w": (0.0, MAX_WATTS, "power.draw", "W"),
+}
+# DCGM fields that are not stored as such are checked as the column they feed.
+_CHECKED_AS = {"engine_active_pct": "util_pct", "mem_free_mib": "mem_used_mib"}
+FIRST_YEAR, LAST_YEAR = 1970, 2200
+
+
+def value_problem(column: str, value: float) -> str | None:
+    """Why ``value`` cannot be a sample's ``column`` (NaN, infinite, out of range), or None."""
+    lo, hi, name, unit = VALID_RANGES[_CHECKED_AS.get(column, column)]
+    if math.isfinite(value) and lo <= value <= hi:
+        return None
+    return f"{name} {value:g} is outside {lo:g}-{hi:g} {unit}"
+
+
+def time_problem(moment: datetime) -> str | None:
+    if FIRST_YEAR <= moment.year <= LAST_YEAR:
+        return None
+    return f"time {moment:%Y-%m-%d %H:%M:%S} is outside the years {FIRST_YEAR}-{LAST_YEAR}"
+
+
+def _valid(column: str) -> pl.Expr:
+    """The same rule as ``value_problem``, for a whole column."""
+    lo, hi, _, _ = VALID_RANGES[column]
+    value = pl.col(column)
+    return value.is_null() | (value.is_finite() & value.is_between(lo, hi))
+
+
+# -- reading a file -------------------------------------------------------------------------
+_TABLE_PRINTOUT = re.compile(r"^\|\s*NVIDIA-SMI\s+\d|^=+NVSMI LOG=+", re.MULTILINE)
+QUERY_COMMAND = (
+    "nvidia-smi --query-gpu=timestamp,index,uuid,name,utilization.gpu,memory.used,"
+    "memory.total,power.draw --format=csv -l 60"
+)
 
 
 def read_telemetry(
@@ -78,22 +129,27 @@ def read_telemetry(
     if not path.exists():
         raise InputError(f"{path}: no such file")
     head = _head(path)
-    if not head.strip():
+    encoding = text.sniff(path, head, "a telemetry text file")
+    if encoding.startswith("utf-16"):
+        head = head[: len(head) - len(head) % 2]
+    head_text = head.decode(encoding, errors="replace").removeprefix("\ufeff")
+    if not head_text.strip():
         raise InputError(
             f"{path}: empty file; expected nvidia-smi CSV, DCGM/Prometheus text or JSON"
         )
-    if b"\x00" in head:
-        raise InputError(f"{path}: binary data (NUL bytes), not a telemetry text file")
-    stripped = head.lstrip()
-    if stripped.startswith(b"{"):
-        return _read_prometheus_json(path, host)
-    if (
-        stripped.startswith(b"#")
-        or b"DCGM_FI_" in head.split(b"\n", 1)[0]
-        or _SERIES.match(head.split(b"\n", 1)[0].decode("utf-8", "replace"))
-    ):
-        return _read_exposition(path, host, skip_bad, at)
-    return _read_nvidia_smi(path, tz, host or path.stem, fields, skip_bad)
+    if _TABLE_PRINTOUT.search(head_text):
+        raise InputError(
+            f"{path}: this is the nvidia-smi table printout, which cannot be read; "
+            f"log CSV instead: {QUERY_COMMAND}"
+        )
+    stripped = head_text.lstrip()
+    first_line = stripped.split("\n", 1)[0]
+    if stripped.startswith("{"):
+        return _read_prometheus_json(path, _whole_text(path, encoding), host, skip_bad)
+    if stripped.startswith("#") or "DCGM_FI_" in first_line or _SERIES.match(first_line):
+        return _read_exposition(path, _whole_text(path, encoding), host, skip_bad, at)
+    with text.utf8_file(path, encoding) as data:
+        return _read_nvidia_smi(_Source(path, data), tz, host or path.stem, fields, skip_bad)
 
 
 def _head(path: Path) -> bytes:
@@ -104,12 +160,18 @@ def _head(path: Path) -> bytes:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def _decoded(path: Path) -> str:
-    data = path.read_bytes()
+def _whole_text(path: Path, encoding: str) -> str:
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(utf8_problem(path, data, exc)) from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    return text.decode(path, raw, encoding).removeprefix("\ufeff")
+
+
+@dataclass(frozen=True)
+class _Source:
+    path: Path  # what the user named: every message shows it
+    data: Path  # what is read: the file, or its UTF-8 transcoding
 
 
 # -- nvidia-smi ----------------------------------------------------------------------------
@@ -119,12 +181,17 @@ _TIME_FORMATS = (
     "%Y/%m/%d %H:%M:%S",
     "%Y-%m-%d %H:%M:%S",
 )
+# Rows of one sample of a multi-GPU query are written milliseconds apart; samples are at
+# least a second apart with -l, and -lms below 500 is too fine to tell samples apart.
+_SAMPLE_GAP = timedelta(milliseconds=500)
 
 
 def _read_nvidia_smi(
-    path: Path, tz: ZoneInfo, host: str, fields: list[str] | None, skip_bad: bool
+    src: _Source, tz: ZoneInfo, host: str, fields: list[str] | None, skip_bad: bool
 ) -> TelemetryFile:
-    first_line = _head(path).split(b"\n", 1)[0].decode("utf-8", "replace")
+    path = src.path
+    first_line = _head(src.data).split(b"\n", 1)[0].decode("utf-8", "replace")
+    first_line = first_line.removeprefix("\ufeff")
     if fields is None:
         names = [_column_name(c) for c in first_line.split(",")]
         if "timestamp" not in names and not any(n in names for n in _SMI_IDENTITY):
@@ -140,38 +207,67 @@ def _read_nvidia_smi(
             f"{path}: no timestamp column; query nvidia-smi with --query-gpu=timestamp,..."
         )
     identity = next((n for n in _SMI_IDENTITY if n in names), None)
-    if identity is None:
-        raise InputError(
-            f"{path}: cannot tell GPUs apart: the file needs an index, uuid or pci.bus_id column"
-        )
     if not any(n in names for n in ("utilization.gpu", "memory.used")):
         raise InputError(f"{path}: no utilization.gpu or memory.used column; nothing to measure")
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise InputError(f"{path}: column {duplicated[0]!r} appears twice")
-    wanted = [n for n in names if n in ("timestamp", identity, *_SMI_COLUMNS)]
-    body = None if skip_bad else _fast_table(path, names, wanted, first)
+    wanted = [n for n in names if n in ("timestamp", *_SMI_IDENTITY, *_SMI_COLUMNS)]
+    notes: list[str] = []
+    drop_last = _last_line_incomplete(src.data, names, wanted, first)
+    if drop_last:
+        notes.append(f"{path}: last line incomplete, skipped (a file still being written)")
+    body = None if skip_bad else _fast_table(src.data, names, wanted, first, drop_last)
     samples = None if body is None else _samples(body, host, identity, tz)
     skipped: list[str] = []
-    if samples is None or samples["unparsable"].any():
+    if samples is None or samples["bad"].any():
         # a malformed line somewhere: find it (or them) line by line
-        body, skipped = _validated_table(path, names, wanted, first, skip_bad)
+        body, skipped = _validated_table(src, names, wanted, first, skip_bad, drop_last, tz)
         samples = _samples(body, host, identity, tz)
-    samples = samples.drop("unparsable").filter(pl.col("ts").is_not_null())
-    out_of_range = (
-        (pl.col("util_pct") < 0) | (pl.col("util_pct") > 100) | (pl.col("mem_used_mib") < 0)
+    samples = samples.drop("bad").filter(pl.col("ts").is_not_null())
+    if identity is None:
+        samples, note = _gpus_by_position(samples, path, host)
+        notes.append(note)
+    return TelemetryFile(
+        samples=samples, rows_read=body.height + len(skipped), skipped=skipped, notes=notes
     )
-    bad = samples.filter(out_of_range).height
-    if bad and not skip_bad:
-        raise InputError(f"{path}: utilization outside 0-100 % or negative memory in {bad} rows")
-    if bad:
-        skipped.append(f"{path}: {bad} rows with utilization outside 0-100 % or negative memory")
-        samples = samples.filter(~out_of_range.fill_null(False))
-    return TelemetryFile(samples=samples, rows_read=body.height + len(skipped), skipped=skipped)
 
 
-def _samples(body: pl.DataFrame, host: str, identity: str, tz: ZoneInfo) -> pl.DataFrame:
-    """Typed samples in one pass over the strings, plus a flag for values that are no number."""
+def _gpus_by_position(samples: pl.DataFrame, path: Path, host: str) -> tuple[pl.DataFrame, str]:
+    """GPU identity for files without an index, uuid or pci.bus_id column.
+
+    One row per sample: the file holds one GPU, index 0 of its host. Several rows per
+    sample in a stable count (the last sample may be cut short): nvidia-smi lists the GPUs
+    of a query in index order, so a row's position in its sample is the GPU's index.
+    A sample is a run of rows less than half a second apart (one query writes its GPUs'
+    rows milliseconds apart). Anything else cannot be told apart.
+    """
+    gap = pl.col("ts").diff().abs()
+    framed = samples.with_columns(
+        _sample=(gap.is_null() | (gap >= _SAMPLE_GAP)).cum_sum()
+    ).with_columns(gpu=pl.int_range(pl.len()).over("_sample").cast(pl.String))
+    sizes = framed.group_by("_sample", maintain_order=True).len()["len"]
+    most = int(sizes.max() or 0)
+    if most <= 1:
+        return framed.drop("_sample"), (
+            f"{path}: no index, uuid or pci.bus_id column and one row per timestamp: "
+            f"read as one GPU (index 0 of host {host})"
+        )
+    if (sizes.head(sizes.len() - 1) == most).all():
+        return framed.drop("_sample"), (
+            f"{path}: no index, uuid or pci.bus_id column: each sample has {most} rows, "
+            f"read as GPUs 0-{most - 1} of host {host} by their order in the sample"
+        )
+    raise InputError(
+        f"{path}: cannot tell GPUs apart: samples hold {int(sizes.min())} to {most} rows "
+        f"(up to {most} GPUs) and there is no index, uuid or pci.bus_id column; add index "
+        f"to the query: {QUERY_COMMAND}"
+    )
+
+
+def _samples(body: pl.DataFrame, host: str, identity: str | None, tz: ZoneInfo) -> pl.DataFrame:
+    """Typed samples in one pass over the strings, plus a flag for rows that cannot be a
+    sample: text that is no number, or a value the one rule of VALID_RANGES refuses."""
     ts = pl.col("ts")
     if str(tz) != "UTC":
         ts = (
@@ -184,7 +280,7 @@ def _samples(body: pl.DataFrame, host: str, identity: str, tz: ZoneInfo) -> pl.D
         body.lazy()
         .select(
             host=pl.lit(host),
-            gpu=pl.col(identity),
+            gpu=pl.col(identity) if identity else pl.lit("0"),
             ts=ts,
             util_pct=_number(body, "utilization.gpu"),
             mem_used_mib=_number(body, "memory.used"),
@@ -198,13 +294,17 @@ def _samples(body: pl.DataFrame, host: str, identity: str, tz: ZoneInfo) -> pl.D
             unparsable=_unparsable(body),
         )
         .cast(SAMPLE_SCHEMA)
+        .with_columns(
+            bad=pl.col("unparsable") | ~pl.all_horizontal(_valid(c) for c in VALID_RANGES)
+        )
+        .drop("unparsable")
         .collect()
     )
 
 
 def _parsed_time(column: pl.Expr, sample: str | None) -> pl.Expr:
     """Parse with the one format the file uses (found on its first value); a year outside
-    1970-9999 (strptime accepts a signed "-2026/...") is unparsable, not a sample."""
+    FIRST_YEAR-LAST_YEAR (strptime accepts a signed "-2026/...") is unparsable."""
     chosen = _TIME_FORMATS[0]
     for fmt in _TIME_FORMATS:
         if sample is not None and pl.select(_in_range(pl.lit(sample), fmt).is_not_null()).item():
@@ -215,14 +315,25 @@ def _parsed_time(column: pl.Expr, sample: str | None) -> pl.Expr:
 
 def _in_range(column: pl.Expr, fmt: str) -> pl.Expr:
     ts = column.str.strptime(pl.Datetime("us"), fmt, strict=False)
-    return pl.when(ts.dt.year().is_between(1970, 9999)).then(ts)
+    return pl.when(ts.dt.year().is_between(FIRST_YEAR, LAST_YEAR)).then(ts)
 
 
-def _fast_table(path: Path, names: list[str], wanted: list[str], first: int) -> pl.DataFrame | None:
+def _timestamp_problem(raw: str | None) -> str:
+    for fmt in _TIME_FORMATS:
+        parsed = pl.lit(raw, dtype=pl.String).str.strptime(pl.Datetime("us"), fmt, strict=False)
+        year = pl.select(parsed.dt.year()).item()  # the year alone: -2026 is no datetime
+        if year is not None and not FIRST_YEAR <= year <= LAST_YEAR:
+            return f"timestamp: {str(raw)[:40]!r} is outside the years {FIRST_YEAR}-{LAST_YEAR}"
+    return f"timestamp: expected 2024/03/15 13:57:59.791, got {str(raw)[:40]!r}"
+
+
+def _fast_table(
+    data: Path, names: list[str], wanted: list[str], first: int, drop_last: bool
+) -> pl.DataFrame | None:
     """The whole file through polars' CSV reader; None when any line looks malformed."""
     try:
         raw = pl.read_csv(
-            path,
+            data,
             has_header=False,
             skip_rows=first,
             new_columns=names,
@@ -233,6 +344,8 @@ def _fast_table(path: Path, names: list[str], wanted: list[str], first: int) -> 
         )
     except pl.exceptions.PolarsError:  # the validating reader says which line and why
         return None
+    if drop_last:
+        raw = raw.head(raw.height - 1)
     if raw.width != len(names) or raw[names[-1]].null_count():
         return None  # short lines leave the last column empty
     sample = raw["timestamp"][0].strip() if raw.height else None
@@ -247,12 +360,10 @@ def _fast_table(path: Path, names: list[str], wanted: list[str], first: int) -> 
     return body
 
 
-def _validated_table(
-    path: Path, names: list[str], wanted: list[str], first: int, skip_bad: bool
-) -> tuple[pl.DataFrame, list[str]]:
+def _read_lines(src: _Source) -> pl.Series:
     try:
-        lines = pl.read_csv(
-            path,
+        return pl.read_csv(
+            src.data,
             has_header=False,
             separator="\x1f",
             quote_char=None,
@@ -262,10 +373,15 @@ def _validated_table(
             truncate_ragged_lines=True,
         )["line"]
     except pl.exceptions.ComputeError as exc:
-        _decoded(path)  # names the line of an encoding error
-        raise InputError(f"{path}: cannot read as text ({str(exc).splitlines()[0]})") from None
-    body = lines.slice(first).to_frame().with_row_index("line_no", offset=first + 1)
-    body = body.filter(pl.col("line").str.strip_chars() != "")
+        _whole_text(src.data, text.UTF8)  # names the line of an encoding error
+        raise InputError(f"{src.path}: cannot read as text ({str(exc).splitlines()[0]})") from None
+
+
+def _line_problems(
+    body: pl.DataFrame, names: list[str], wanted: list[str], tz: ZoneInfo
+) -> tuple[pl.DataFrame, pl.DataFrame, list[str]]:
+    """Split ``body`` (line_no, line) into its fields. Returns the split body, the rows
+    that cannot be a sample, and what is wrong with the first 1000 of them."""
     body = body.with_columns(parts=pl.col("line").str.split(",")).with_columns(
         n=pl.col("parts").list.len()
     )
@@ -279,33 +395,80 @@ def _validated_table(
     body = body.with_columns(
         ts=_parsed_time(pl.col("timestamp"), sample[0] if sample.len() else None)
     )
-    unparsable = body.filter(_unparsable(body))["line_no"].implode()
-    problems = body.filter(
-        (pl.col("n") != len(names)) | pl.col("ts").is_null() | pl.col("line_no").is_in(unparsable)
+    typed = _samples(body, "", None, tz).select(*VALID_RANGES)
+    checks = pl.concat(
+        [
+            body.select("line_no", "line", "n", "timestamp", "ts", unparsable=_unparsable(body)),
+            typed,
+        ],
+        how="horizontal",
+    ).with_columns(invalid=~pl.all_horizontal(_valid(c) for c in VALID_RANGES))
+    problems = checks.filter(
+        (pl.col("n") != len(names))
+        | pl.col("ts").is_null()
+        | pl.col("unparsable")
+        | pl.col("invalid")
     )
     messages = []
     for row in problems.head(1000).iter_rows(named=True):
         if row["n"] != len(names):
             problem = f"expected {len(names)} comma-separated values, found {row['n']}"
         elif row["ts"] is None:
-            problem = (
-                f"timestamp: expected 2024/03/15 13:57:59.791, got {str(row['timestamp'])[:40]!r}"
-            )
-        else:
+            problem = _timestamp_problem(row["timestamp"])
+        elif row["unparsable"]:
             problem = f"expected numbers in utilization/memory columns, got {row['line'][:80]!r}"
-        messages.append(f"{path}:{row['line_no']}: {problem}")
+        else:
+            problem = next(
+                p for c in VALID_RANGES if row[c] is not None and (p := value_problem(c, row[c]))
+            )
+        messages.append(f"{row['line_no']}: {problem}")
+    return body, problems.select("line_no"), messages
+
+
+def _validated_table(
+    src: _Source,
+    names: list[str],
+    wanted: list[str],
+    first: int,
+    skip_bad: bool,
+    drop_last: bool,
+    tz: ZoneInfo,
+) -> tuple[pl.DataFrame, list[str]]:
+    lines = _read_lines(src)
+    body = lines.slice(first).to_frame().with_row_index("line_no", offset=first + 1)
+    if drop_last:
+        body = body.head(body.height - 1)
+    body = body.filter(pl.col("line").str.strip_chars() != "")
+    body, problems, found = _line_problems(body, names, wanted, tz)
+    messages = [f"{src.path}:{message}" for message in found]
     if messages and not skip_bad:
         raise InputError(messages[0])
     if problems.height > 1000:
-        messages.append(f"{path}: ... and {problems.height - 1000} more bad lines")
-    return body.join(problems.select("line_no"), on="line_no", how="anti"), messages
+        messages.append(f"{src.path}: ... and {problems.height - 1000} more bad lines")
+    return body.join(problems, on="line_no", how="anti"), messages
+
+
+def _last_line_incomplete(data: Path, names: list[str], wanted: list[str], first: int) -> bool:
+    """A last line without a newline that is not a whole row: nvidia-smi ends every row
+    with a newline and never writes an empty value, so the writer was cut off mid-row."""
+    found = text.unterminated_last_line(data)
+    if found is None or not found[0].strip() or (first and found[1]):
+        return False  # ends with a newline, a blank line, or the header is the only line
+    last = found[0]
+    if any(not value.strip() for value in last.split(",")):
+        return True
+    body = pl.DataFrame(
+        {"line_no": [0], "line": [last]}, schema={"line_no": pl.UInt32, "line": pl.String}
+    )
+    _, problems, _ = _line_problems(body, names, wanted, ZoneInfo("UTC"))
+    return problems.height > 0
 
 
 def _unparsable(body: pl.DataFrame) -> pl.Expr:
-    """True where a measured column holds text that is neither a number nor N/A."""
+    """True where a measured column is empty or holds text that is neither a number nor N/A."""
     checks = [
-        pl.col(n).is_not_null() & ~pl.col(n).is_in(_MISSING) & _numeric(pl.col(n)).is_null()
-        for n in ("utilization.gpu", "memory.used", "memory.total")
+        pl.col(n).is_null() | (~pl.col(n).is_in(_NOT_MEASURED) & _numeric(pl.col(n)).is_null())
+        for n in _MEASURED
         if n in body.columns
     ]
     return pl.any_horizontal(checks) if checks else pl.lit(False)
@@ -319,7 +482,7 @@ def _numeric(column: pl.Expr) -> pl.Expr:
 def _number(body: pl.DataFrame, name: str) -> pl.Expr:
     if name not in body.columns:
         return pl.lit(None, dtype=pl.Float32)
-    return pl.when(pl.col(name).is_in(_MISSING)).then(None).otherwise(_numeric(pl.col(name)))
+    return pl.when(pl.col(name).is_in(_NOT_MEASURED)).then(None).otherwise(_numeric(pl.col(name)))
 
 
 def _text(body: pl.DataFrame, name: str) -> pl.Expr:
@@ -335,49 +498,68 @@ def _column_name(raw: str) -> str:
 
 # -- Prometheus text exposition (dcgm-exporter) ----------------------------------------------
 def _read_exposition(
-    path: Path, host: str | None, skip_bad: bool, at: datetime | None
+    path: Path, content: str, host: str | None, skip_bad: bool, at: datetime | None
 ) -> TelemetryFile:
-    text = _decoded(path)
     default_ts = at or datetime.fromtimestamp(os.path.getmtime(path), UTC).replace(tzinfo=None)
     rows: dict[tuple, dict] = {}
     skipped: list[str] = []
+    notes: list[str] = []
     read = 0
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = content.splitlines()
+    unterminated = not content.endswith("\n")
+    for number, line in enumerate(lines, start=1):
         if not line.strip() or line.startswith("#"):
             continue
         read += 1
-        match = _SERIES.match(line)
-        if not match:
-            message = f"{path}:{number}: expected 'METRIC{{labels}} value [timestamp_ms]', got {line[:80]!r}"
-            if not skip_bad:
-                raise InputError(message)
-            skipped.append(message)
-            continue
-        metric, _, labels_text, value_text, ts_text = match.groups()
-        labels = dict(_LABEL.findall(labels_text or ""))
-        if not metric.startswith("DCGM_FI_") or not _identifies_gpu(labels):
-            continue  # other exporters' series, and dummy series without a GPU
         try:
-            value = float(value_text)
-            ts = (
-                datetime.fromtimestamp(int(ts_text) / 1000, UTC).replace(tzinfo=None)
-                if ts_text
-                else default_ts
-            )
-        except ValueError:
-            message = f"{path}:{number}: value {value_text[:40]!r} is not a number"
+            sample = _exposition_sample(line, default_ts)
+        except ValueError as exc:
+            if unterminated and number == len(lines):
+                notes.append(f"{path}: last line incomplete, skipped (a file still being written)")
+                read -= 1
+                continue
+            message = f"{path}:{number}: {exc}"
             if not skip_bad:
                 raise InputError(message) from None
             skipped.append(message)
             continue
-        except (OverflowError, OSError):
-            message = f"{path}:{number}: timestamp {ts_text[:40]} ms is out of range"
-            if not skip_bad:
-                raise InputError(message) from None
-            skipped.append(message)
-            continue
-        _add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "dcgm")
-    return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped)
+        if sample is not None:
+            metric, labels, value, ts = sample
+            _add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "dcgm")
+    return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped, notes=notes)
+
+
+def _exposition_sample(line: str, default_ts: datetime) -> tuple | None:
+    """(metric, labels, value, ts) of a DCGM series line; None for other series; ValueError
+    saying what is wrong with a line that cannot be read."""
+    match = _SERIES.match(line)
+    if not match:
+        raise ValueError(f"expected 'METRIC{{labels}} value [timestamp_ms]', got {line[:80]!r}")
+    metric, _, labels_text, value_text, ts_text = match.groups()
+    labels = dict(_LABEL.findall(labels_text or ""))
+    if not metric.startswith("DCGM_FI_") or not _identifies_gpu(labels):
+        return None  # other exporters' series, and dummy series without a GPU
+    try:
+        value = float(value_text)
+    except ValueError:
+        raise ValueError(f"value {value_text[:40]!r} is not a number") from None
+    if metric in DCGM_FIELDS:
+        column, scale = DCGM_FIELDS[metric]
+        problem = value_problem(column, value * scale)
+        if problem:
+            raise ValueError(f"{metric}: {problem}")
+    if ts_text:
+        try:
+            ts = datetime.fromtimestamp(int(ts_text) / 1000, UTC).replace(tzinfo=None)
+        except (OverflowError, OSError, ValueError):
+            raise ValueError(f"timestamp {ts_text[:40]} ms is out of range") from None
+    else:
+        ts = default_ts
+    problem = time_problem(ts)
+    if problem:
+        source = f"{ts_text} ms" if ts_text else "--at or the file's modification time"
+        raise ValueError(f"{problem} ({source})")
+    return metric, labels, value, ts
 
 
 def _add_dcgm_value(
@@ -444,30 +626,92 @@ def _dcgm_frame(rows: dict) -> pl.DataFrame:
 
 
 # -- Prometheus query_range JSON -----------------------------------------------------------
-def _read_prometheus_json(path: Path, host: str | None) -> TelemetryFile:
-    try:
-        document = json.loads(_decoded(path))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
+_PROMETHEUS_SHAPE = (
+    "expected a Prometheus query result "
+    '({"data": {"resultType": "matrix", "result": [{"metric": {...}, "values": [[time, "value"], ...]}]}})'
+)
+
+
+def _read_prometheus_json(
+    path: Path, content: str, host: str | None, skip_bad: bool = False
+) -> TelemetryFile:
+    document = text.load_json(path, content)
     data = document.get("data") if isinstance(document, dict) else None
     if not isinstance(data, dict) or data.get("resultType") not in ("matrix", "vector"):
-        raise InputError(
-            f"{path}: expected a Prometheus query result with data.resultType matrix or vector"
-        )
+        raise InputError(f"{path}: {_PROMETHEUS_SHAPE}; data.resultType must be matrix or vector")
+    result = data.get("result", [])
+    if not isinstance(result, list):
+        raise InputError(f"{path}: data.result: expected a list of series, got {describe(result)}")
     rows: dict[tuple, dict] = {}
+    skipped: list[str] = []
     read = 0
-    for series in data.get("result", []):
+    for index, series in enumerate(result):
+        where = f"{path}: data.result[{index}]"
+        if not isinstance(series, dict):
+            raise InputError(f"{where}: expected a series object, got {describe(series)}")
         labels = series.get("metric", {})
+        if not isinstance(labels, dict):
+            raise InputError(
+                f"{where}.metric: expected an object of labels, got {describe(labels)}"
+            )
+        for key, value in labels.items():
+            if not isinstance(value, str) or not _encodable(value):
+                raise InputError(
+                    f"{where}.metric.{key}: expected a label text, got {describe(value)}"
+                )
         metric = labels.get("__name__", "")
         if not metric.startswith("DCGM_FI_") or not _identifies_gpu(labels):
             continue
-        points = series.get("values") or ([series["value"]] if "value" in series else [])
-        for point in points:
+        if "values" in series:
+            points, name = series["values"], "values"
+        else:
+            points, name = ([series["value"]] if "value" in series else []), "value"
+        if not isinstance(points, list):
+            raise InputError(f"{where}.{name}: expected a list of points, got {describe(points)}")
+        for number, point in enumerate(points):
             read += 1
             try:
-                ts = datetime.fromtimestamp(float(point[0]), UTC).replace(tzinfo=None)
-                value = float(point[1])
-            except (TypeError, ValueError, IndexError, OverflowError, OSError):
-                raise InputError(f"{path}: series {metric}: bad point {str(point)[:60]}") from None
+                ts, value = _prometheus_point(point, metric)
+            except ValueError as exc:
+                message = f"{where}.{name}[{number}] ({metric}): {exc}"
+                if not skip_bad:
+                    raise InputError(message) from None
+                skipped.append(message)
+                continue
             _add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "prometheus")
-    return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read)
+    return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped)
+
+
+def _prometheus_point(point, metric: str) -> tuple[datetime, float]:
+    """A [unix_seconds, "value"] pair; ValueError saying what is wrong with it."""
+    if not isinstance(point, list) or len(point) != 2:
+        raise ValueError(f"expected a [time, value] pair, got {describe(point)}")
+    moment, value_text = point
+    if isinstance(moment, bool) or not isinstance(moment, int | float):
+        raise ValueError(f"time: expected seconds since 1970, got {describe(moment)}")
+    if isinstance(value_text, bool) or not isinstance(value_text, str | int | float):
+        raise ValueError(f"value: expected a number as text, got {describe(value_text)}")
+    try:
+        value = float(value_text)
+    except (ValueError, OverflowError):
+        raise ValueError(f"value {str(value_text)[:40]!r} is not a number") from None
+    try:
+        ts = datetime.fromtimestamp(moment, UTC).replace(tzinfo=None)
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"time {moment!r} is out of range") from None
+    problem = time_problem(ts)
+    if problem is None and metric in DCGM_FIELDS:
+        column, scale = DCGM_FIELDS[metric]
+        problem = value_problem(column, value * scale)
+    if problem:
+        raise ValueError(problem)
+    return ts, value
+
+
+def _encodable(value: str) -> bool:
+    """False for text holding lone surrogates (``"\\ud800"`` in JSON), which no table takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

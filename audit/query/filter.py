@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from audit.errors import InputError
-from audit.importers.mlflow.normalise import normalise_value, normalised_params
+from audit.importers.params import normalise_value, normalised_params
 
 MAX_FILTER_CHARACTERS = 2_000_000
 MAX_TERMS = 10_000  # comparisons (an IN list counts once)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import tomllib
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import duckdb
@@ -22,7 +23,7 @@ import yaml
 from audit import atomic
 from audit.config import Config, load_config
 from audit.errors import InputError
-from audit.importers.mlflow.normalise import normalise_value
+from audit.importers.params import flatten_config, normalise_value
 from audit.query.bulk import SQL_LEAVES, BulkEvaluator, fetch_columns
 from audit.query.fields import FieldColumns, lock_down
 from audit.query.fields import shown_fields as _shown_fields
@@ -258,7 +259,7 @@ class Registry:
                     raise InputError(f"no run {run_id!r} in the warehouse")
                 query = dict(zip(found["key"], found["value"], strict=True))
             elif config_file is not None:
-                query = flatten(read_config_file(config_file))
+                query = flatten_config(read_config_file(config_file))
             else:
                 query = dict(params or {})
             if not query:
@@ -322,12 +323,13 @@ class Registry:
                 target=pl.lit(None, pl.String),
                 general=pl.lit(None, pl.String),
                 gpu_hours=pl.lit(None, pl.Float64),
+                run_hours=pl.lit(None, pl.Float64),
+                cost_basis=pl.lit(None, pl.String),
             )
-        from audit.engine import RuleContext
-        from audit.rules._common import run_facts
+        from audit.costs import Facts
 
-        ctx = RuleContext(con=wh.con, config=self.config, thresholds={}, since=None, until=None)
-        facts = {(f["source_id"], f["run_id"]): f["gpu_hours"] for f in run_facts(ctx)}
+        facts = {r.key: r for r in Facts.load(wh.con, self.config).runs}
+        general, target = (self.config.values["metrics"][k] for k in ("general", "target"))
         metrics = wh.frame(
             "SELECT source_id, run_id, key, value FROM latest_metrics WHERE run_id IN (SELECT unnest(?))",
             [runs["run_id"].to_list()],
@@ -336,9 +338,9 @@ class Registry:
         for row in metrics.iter_rows(named=True):
             kind = (
                 "target"
-                if ctx.matches(row["key"], "target")
+                if _matches(row["key"], target)
                 else "general"
-                if ctx.matches(row["key"], "general")
+                if _matches(row["key"], general)
                 else None
             )
             if kind:
@@ -355,7 +357,15 @@ class Registry:
                 [", ".join(sorted(summary.get(k, {}).get("general", []))) or None for k in keys],
                 dtype=pl.String,
             ),
-            gpu_hours=pl.Series([facts.get(k) for k in keys], dtype=pl.Float64),
+            gpu_hours=pl.Series(
+                [facts[k].cost.gpu_hours if k in facts else None for k in keys], dtype=pl.Float64
+            ),
+            run_hours=pl.Series(
+                [facts[k].run_hours if k in facts else None for k in keys], dtype=pl.Float64
+            ),
+            cost_basis=pl.Series(
+                [facts[k].cost.basis if k in facts else None for k in keys], dtype=pl.String
+            ),
         )
 
     # -- compare -------------------------------------------------------------------------------
@@ -412,22 +422,20 @@ class Registry:
                 },
                 schema={"metric": pl.String, **{c: pl.String for c in columns}},
             )
-            from audit.engine import RuleContext
-            from audit.rules._common import run_facts
+            from audit.costs import Facts
 
-            ctx = RuleContext(con=wh.con, config=self.config, thresholds={}, since=None, until=None)
-            facts = {f["run_id"]: f for f in run_facts(ctx)}
+            facts = {f.run_id: f for f in Facts.load(wh.con, self.config).runs}
             cost = pl.DataFrame(
                 {
-                    "item": ["status", "GPU-hours", "USD", "cost basis"],
+                    "item": ["status", "team", "run-hours", "GPU-hours", "USD", "cost basis"],
                     **{
                         c: [
-                            facts[r]["status"],
-                            f"{facts[r]['gpu_hours']:.2f}"
-                            if facts[r]["gpu_hours"] is not None
-                            else None,
-                            f"{facts[r]['usd']:.2f}" if facts[r]["usd"] is not None else None,
-                            facts[r]["cost_basis"],
+                            facts[r].status,
+                            facts[r].team,
+                            _fixed(facts[r].run_hours),
+                            _fixed(facts[r].cost.gpu_hours),
+                            _fixed(facts[r].cost.usd),
+                            facts[r].cost.basis,
                         ]
                         for r, c in zip(run_ids, columns, strict=True)
                     },
@@ -516,6 +524,14 @@ class _Borrowed:
         return None
 
 
+def _fixed(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2f}"
+
+
+def _matches(key: str, globs: list[str]) -> bool:
+    return any(fnmatchcase(key, g) for g in globs)
+
+
 def _sql_path(path: Path) -> str:
     return str(path.resolve()).replace("'", "''")
 
@@ -594,15 +610,3 @@ def read_config_file(path: Path) -> dict:
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping of settings at the top level")
     return data
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, str]:
-    """Nested settings as MLflow logs them: keys joined with '.', values as strings."""
-    out: dict[str, str] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = str(value)  # as MLflow logs it: True, None, [1, 2], 2e-05
-    return out

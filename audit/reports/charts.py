@@ -134,3 +134,64 @@ def forgetting(title: str, points: list[dict], alt: str) -> Chart:
     ax.legend(frameon=False, title="method")
     ax.set_title(safe(title), loc="left")
     return _svg(fig, title, alt)
+
+
+def matrix(title: str, runs: list[dict], alt: str) -> Chart:
+    """One (base model, task): GPU-hours (x) against target gain (y), a marker per method
+    and the change in general ability as colour (red lost, blue gained, centred on 0)."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    fig, ax = plt.subplots(figsize=(6.0, 3.2))
+    changes = [r["general_change"] for r in runs]
+    spread = max(max(abs(c) for c in changes), 1e-3)
+    norm = TwoSlopeNorm(vcenter=0.0, vmin=-spread, vmax=spread)
+    drawn = None
+    for method in sorted({r["method"] for r in runs}):
+        mine = [r for r in runs if r["method"] == method]
+        drawn = ax.scatter(
+            [r["gpu_hours"] for r in mine],
+            [r["target_gain"] for r in mine],
+            c=[r["general_change"] for r in mine],
+            cmap="RdBu",
+            norm=norm,
+            marker=METHOD_MARKERS.get(method, "D"),
+            edgecolors="#333333",
+            linewidths=0.6,
+            s=48,
+            label=safe(method),
+        )
+    if len(runs) <= 12:
+        for r in runs:
+            ax.annotate(
+                safe(r["run_name"]),
+                (r["gpu_hours"], r["target_gain"]),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
+    if drawn is not None:
+        fig.colorbar(drawn, ax=ax, label="change in general ability")
+    ax.set_xlabel("GPU-hours")
+    ax.set_ylabel("gain on the target task")
+    ax.set_xlim(left=0)
+    ax.legend(frameon=False, title="method", fontsize=8)
+    ax.set_title(safe(title), loc="left")
+    return _svg(fig, title, alt)
+
+
+def series(title: str, points: list[list], onset_step, alt: str) -> Chart:
+    """A small line of one metric over the steps, the onset marked; non-finite values
+    (stored as text) drawn as red crosses on the top edge."""
+    fig, ax = plt.subplots(figsize=(3.2, 1.2))
+    finite = [(s, v) for s, v in points if isinstance(v, int | float)]
+    broken = [s for s, v in points if not isinstance(v, int | float)]
+    if finite:
+        ax.plot([s for s, _ in finite], [v for _, v in finite], color=PALETTE[0], linewidth=1.2)
+    if broken:
+        top = max((v for _, v in finite), default=1.0)
+        ax.scatter(broken, [top] * len(broken), marker="x", color=PALETTE[3], s=14)
+    if onset_step is not None:
+        ax.axvline(onset_step, color=PALETTE[3], linewidth=1.0, linestyle="--")
+    ax.tick_params(labelsize=7)
+    ax.set_title(safe(title), loc="left", fontsize=8)
+    return _svg(fig, title, alt)

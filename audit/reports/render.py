@@ -47,7 +47,17 @@ def _markdown_text(value) -> str:
 
 
 def _subject(subject: dict) -> str:
-    for key in ("run_name", "job_id", "host", "dataset_digest", "run_dir"):
+    for key in (
+        "run_name",
+        "job_id",
+        "host",
+        "dataset_digest",
+        "run_dir",
+        "experiment",
+        "base_model",
+        "team",
+        "evaluated_model",
+    ):
         if subject.get(key):
             return str(subject[key])
     return json.dumps(subject, default=str)
@@ -140,6 +150,46 @@ def build_charts(report: dict) -> list[charts.Chart]:
     return out
 
 
+SERIES_CHARTS = 50  # inline metric charts of findings (STB001) drawn at most
+
+
+def matrix_charts(report: dict) -> list[charts.Chart]:
+    """One scatter per (base model, task) of the method matrix that compares two runs or more."""
+    out = []
+    for group in report.get("matrix", {}).get("groups", []):
+        runs = group["runs"]
+        if len(runs) < 2:
+            continue
+        title = f"{group['base_model']} / {group['task']}: cost vs target gain"
+        alt = (
+            "Scatter of GPU-hours (horizontal) against target gain (vertical), marker by method, "
+            "colour by change in general ability: "
+            + "; ".join(
+                f"{r['run_name']} ({r['method']}): {r['gpu_hours']:,.1f} GPU-h, target "
+                f"{r['target_gain']:+.3f}, general {r['general_change']:+.3f}"
+                for r in runs
+            )
+        )
+        out.append(charts.matrix(title, runs, alt))
+    return out
+
+
+def series_charts(findings: list[dict]) -> dict[str, charts.Chart]:
+    """The inline chart of each finding whose evidence carries one (STB001), by finding id."""
+    out = {}
+    for f in findings:
+        chart = f["evidence"].get("chart") if isinstance(f["evidence"], dict) else None
+        if not chart or not chart.get("points") or len(out) >= SERIES_CHARTS:
+            continue
+        title = f"{chart['metric']} by step"
+        alt = (
+            f"Line of {chart['metric']} over {len(chart['points'])} logged steps, "
+            f"onset at step {chart.get('onset_step')}"
+        )
+        out[f["id"]] = charts.series(title, chart["points"], chart.get("onset_step"), alt)
+    return out
+
+
 def _script() -> tuple[str, str]:
     """The progressive-enhancement script and its CSP hash: no other script may run."""
     source = resources.files("audit.templates").joinpath("report.js").read_text(encoding="utf-8")
@@ -154,6 +204,8 @@ def render_html(report: dict) -> str:
     return template.render(
         report=report,
         charts=build_charts(report),
+        matrix_charts=matrix_charts(report),
+        series=series_charts(active[:HTML_FINDINGS]),
         findings=active[:HTML_FINDINGS],
         hidden=max(0, len(active) - HTML_FINDINGS),
         suppressed=[f for f in report["findings"] if f["suppressed"]],

@@ -2,118 +2,49 @@
 
 ``build_report`` runs (and stores) the scan of the reported week, makes sure each of the
 previous seven weeks has a stored scan (backfilling the missing ones), and assembles the
-headline, breakdowns, the method comparison, the trend, new/open/resolved findings, cost
-categories and data coverage. Renderers (HTML, Markdown, JSON) only format this data.
+headline, breakdowns, the method comparison and matrix, queue wait, the trend,
+new/open/resolved findings, cost categories and data coverage. Renderers (HTML, Markdown, JSON) only format this data.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
-from zoneinfo import ZoneInfo
 
 from audit.config import Config
-from audit.engine import RuleContext, ScanResult, load_scan, reusable_scan, scan, select_rules
-from audit.errors import InputError
+from audit.costs import shared_facts
+from audit.queue import by_team_and_partition, waits
+from audit.recipes import method_matrix, shared_recipes
+from audit.rule_registry import effective_thresholds, get_rule, select_rules
+from audit.scans import ScanResult, complete_scan, load_scan, scan
 from audit.status import warehouse_status
-from audit.summary import spend, summarise
+from audit.summary import summarise
+from audit.windows import Window, now
 
 TREND_WEEKS = 8
-NOW_ENV = "AUDIT_NOW"  # pins "now" (ISO time, UTC) for reproducible reports and tests
 
 
-@dataclass
-class Window:
-    label: str
-    since: datetime  # UTC, naive
-    until: datetime
-
-    def previous(self, tz: ZoneInfo) -> Window:
-        start_local = self.since.replace(tzinfo=UTC).astimezone(tz).date() - timedelta(days=7)
-        return week_window(start_local.isocalendar().year, start_local.isocalendar().week, tz)
-
-
-def now() -> datetime:
-    pinned = os.environ.get(NOW_ENV)
-    if pinned:
-        try:
-            return datetime.fromisoformat(pinned).replace(tzinfo=None)
-        except ValueError:
-            raise InputError(
-                f"{NOW_ENV}={pinned!r} is not an ISO time like 2026-11-23T08:00:00"
-            ) from None
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-def week_window(year: int, week: int, tz: ZoneInfo) -> Window:
-    try:
-        monday = date.fromisocalendar(year, week, 1)
-    except ValueError:
-        raise InputError(f"{year}-W{week:02d} is not an ISO week") from None
-    start = datetime.combine(monday, datetime.min.time(), tzinfo=tz)
-    return Window(
-        label=f"{year}-W{week:02d}",
-        since=start.astimezone(UTC).replace(tzinfo=None),
-        until=(start + timedelta(days=7)).astimezone(UTC).replace(tzinfo=None),
-    )
-
-
-def parse_week(text: str, tz: ZoneInfo) -> Window:
-    try:
-        year, week = text.upper().split("-W")
-        return week_window(int(year), int(week), tz)
-    except ValueError:
-        raise InputError(f"--week takes an ISO week like 2026-W47, got {text!r}") from None
-
-
-def last_complete_week(tz: ZoneInfo) -> Window:
-    local_today = now().replace(tzinfo=UTC).astimezone(tz).date()
-    previous = local_today - timedelta(days=7)
-    year, week, _ = previous.isocalendar()
-    return week_window(year, week, tz)
-
-
-def _stored_scan(wh, window: Window) -> int | None:
-    rows = wh.con.execute(
-        "SELECT max(scan_id) FROM scans WHERE window_start = ? AND window_end = ?",
-        [window.since, window.until],
-    ).fetchall()
-    return rows[0][0] if rows and rows[0][0] is not None else None
-
-
-def _stored_findings(wh, scan_id: int | None) -> list[dict]:
-    if scan_id is None:
-        return []
-    cursor = wh.con.execute(
-        "SELECT finding_id, rule, severity, subject, message, gpu_hours, usd, bytes, suppressed "
-        "FROM findings WHERE scan_id = ?",
-        [scan_id],
-    )
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+def _week_scan(wh, config: Config, rules, window: Window, shared: dict, fresh: bool) -> ScanResult:
+    """A complete scan of the window: a stored one when it may be reused, else a new one."""
+    stored = complete_scan(wh, config, window, fresh=fresh)
+    if stored is not None:
+        return load_scan(wh, stored)
+    return scan(wh, config, rules, window, shared)
 
 
 def build_report(
     wh, config: Config, window: Window, weekly: bool = True, result: ScanResult | None = None
 ) -> dict:
     tz = config.timezone
-    rules = select_rules(None, None)
+    rules = select_rules()
+    shared: dict = {}  # run and job facts: computed once, used by every scan and part below
     if result is None:
-        stored = reusable_scan(wh, config, rules, window.since, window.until)
-        result = (
-            load_scan(wh, stored)
-            if stored is not None
-            else scan(wh, config, rules, window.since, window.until)
-        )
-    shared: dict = {}  # run facts: computed once, used by every part of the report
+        result = _week_scan(wh, config, rules, window, shared, fresh=True)
     summary = summarise(result, wh.con, config, shared)
     report = {
         "kind": "weekly" if weekly else "scan",
         "title": f"GPU waste report {window.label}" if weekly else f"audit scan #{result.scan_id}",
         "window": {
-            "label": window.label,
+            "label": window.describe(),
             "since": window.since,
             "until": window.until,
             "timezone": str(tz),
@@ -135,54 +66,49 @@ def build_report(
         "links": _run_links(wh, config),
     }
     report["headline"] = _headline(summary)
+    report["activity"] = _activity(wh, config, window, shared)
     report["coverage"] = _coverage(wh, window)
     report["methods"] = _methods(wh, config, window, summary, shared)
     report["categories"] = _categories(wh, config, summary, result)
+    report["matrix"] = _matrix(wh, config, window, shared)
+    report["queue"] = _queue(wh, config, window, shared)
     if weekly:
-        previous = window.previous(tz)
-        prev_id = (
-            _stored_scan(wh, previous)
-            or scan(wh, config, rules, previous.since, previous.until).scan_id
-        )
-        previous_findings = [f for f in _stored_findings(wh, prev_id) if not f["suppressed"]]
-        prev_summary = _stored_summary(wh, config, prev_id, previous, shared)
-        report["previous"] = {"label": previous.label, "headline": _headline(prev_summary)}
+        previous = window.previous_week(tz)
+        prev_result = _week_scan(wh, config, rules, previous, shared, fresh=False)
+        prev_summary = summarise(prev_result, wh.con, config, shared)
+        previous_findings = [f.as_json() for f in prev_result.active]
+        report["previous"] = {
+            "label": previous.label,
+            "headline": _headline(prev_summary),
+            "activity": _activity(wh, config, previous, shared),
+        }
         current_ids = {f["id"] for f in report["findings"] if not f["suppressed"]}
-        previous_ids = {f["finding_id"] for f in previous_findings}
+        previous_ids = {f["id"] for f in previous_findings}
         new, still_open = current_ids - previous_ids, current_ids & previous_ids
         resolved = previous_ids - current_ids
         report["changes"] = {
             "new": [f for f in report["findings"] if f["id"] in new],
             "still_open": [f for f in report["findings"] if f["id"] in still_open],
-            "resolved": [f for f in previous_findings if f["finding_id"] in resolved],
+            "resolved": [f for f in previous_findings if f["id"] in resolved],
         }
-        report["trend"] = _trend(wh, config, rules, window, tz)
+        report["trend"] = _trend(wh, config, rules, window, shared)
     return report
 
 
-def _stored_summary(
-    wh, config: Config, scan_id: int, window: Window, shared: dict | None = None
-) -> dict:
-    findings = [f for f in _stored_findings(wh, scan_id) if not f["suppressed"]]
-    runs = spend(wh.con, config, window.since, window.until, shared)
-    return {
-        "findings": len(findings),
-        "waste": {
-            "gpu_hours": sum(f["gpu_hours"] or 0 for f in findings),
-            "usd": sum(f["usd"] or 0 for f in findings),
-            "bytes": sum(f["bytes"] or 0 for f in findings),
-        },
-        "spend": {
-            "gpu_hours": sum(r["gpu_hours"] or 0 for r in runs),
-            "usd": sum(r["usd"] or 0 for r in runs),
-        },
-    }
+def _activity(wh, config: Config, window: Window, shared: dict) -> dict:
+    """What happened in the window: runs and GPU jobs started (a week without any says so)."""
+    facts = shared_facts(wh.con, config, shared)
+    runs = sum(1 for r in facts.runs if window.contains(r.start_time))
+    jobs = sum(1 for j in facts.jobs if j.gpus > 0 and window.contains(j.start_time))
+    return {"runs": runs, "gpu_jobs": jobs, "empty": runs == 0 and jobs == 0}
 
 
 def _headline(summary: dict) -> dict:
     spent = summary["spend"]["usd"]
     wasted = summary["waste"]["usd"]
     return {
+        "unknown_cost_findings": summary["waste"]["unknown_cost"],
+        "unknown_cost_run_hours": round(summary["waste"]["unknown_cost_run_hours"], 2),
         "gpu_hours": round(summary["spend"]["gpu_hours"], 1),
         "usd_spent": round(spent, 2),
         "usd_wasted": round(wasted, 2),
@@ -193,20 +119,22 @@ def _headline(summary: dict) -> dict:
     }
 
 
-def _trend(wh, config: Config, rules, window: Window, tz: ZoneInfo) -> list[dict]:
+def _trend(wh, config: Config, rules, window: Window, shared: dict) -> list[dict]:
     weeks = [window]
     for _ in range(TREND_WEEKS - 1):
-        weeks.insert(0, weeks[0].previous(tz))
+        weeks.insert(0, weeks[0].previous_week(config.timezone))
     out = []
     for week in weeks:
-        scan_id = _stored_scan(wh, week) or scan(wh, config, rules, week.since, week.until).scan_id
-        findings = [f for f in _stored_findings(wh, scan_id) if not f["suppressed"]]
+        result = _week_scan(wh, config, rules, week, shared, fresh=week is window)
+        findings = result.active
+        activity = _activity(wh, config, week, shared)
         out.append(
             {
                 "week": week.label,
-                "usd": round(sum(f["usd"] or 0 for f in findings), 2),
-                "gpu_hours": round(sum(f["gpu_hours"] or 0 for f in findings), 1),
+                "usd": round(sum(f.usd or 0 for f in findings), 2),
+                "gpu_hours": round(sum(f.gpu_hours or 0 for f in findings), 1),
                 "findings": len(findings),
+                "has_data": not activity["empty"],
             }
         )
     return out
@@ -229,61 +157,27 @@ def _coverage(wh, window: Window) -> dict:
 
 def _methods(wh, config: Config, window: Window, summary: dict, shared: dict) -> dict:
     """Per training method: spend, waste, and each run's general change against its target gain."""
-    from audit.rules._common import run_facts
-
-    ctx = RuleContext(
-        con=wh.con,
-        config=config,
-        thresholds={},
-        since=window.since,
-        until=window.until,
-        shared=shared,
-    )
-    facts = [f for f in run_facts(ctx) if window.since <= f["start_time"] < window.until]
-    baseline_tag = config.values["attribution"]["baseline_tag"]
-    baselines = {}
-    for row in ctx.rows(
-        "SELECT source_id, run_id FROM tags WHERE key = ? AND lower(value) = 'true'", [baseline_tag]
-    ):
-        baselines[(row["source_id"], row["run_id"])] = True
-    latest: dict[tuple, dict[str, float]] = {}
-    for row in ctx.rows(
-        "SELECT source_id, run_id, key, value FROM latest_metrics WHERE NOT isnan(value)"
-    ):
-        latest.setdefault((row["source_id"], row["run_id"]), {})[row["key"]] = row["value"]
-    base_by_model = {}
-    for fact in run_facts(ctx):
-        if (fact["source_id"], fact["run_id"]) in baselines and fact["base_model"]:
-            base_by_model.setdefault(
-                fact["base_model"], latest.get((fact["source_id"], fact["run_id"]), {})
-            )
+    facts = shared_facts(wh.con, config, shared)
+    found = shared_recipes(wh.con, config, facts, shared)
     points = []
-    for fact in facts:
-        key = (fact["source_id"], fact["run_id"])
-        reference = base_by_model.get(fact["base_model"])
+    for run in facts.runs:
         if (
-            key in baselines
-            or reference is None
-            or fact["status"] != "FINISHED"
-            or fact["lifecycle_stage"] != "active"
+            not window.contains(run.start_time)
+            or found.is_baseline(run)
+            or run.status != "FINISHED"
+            or run.lifecycle_stage != "active"
         ):
             continue
-        values = latest.get(key, {})
-        general = [
-            values[k] - reference[k] for k in values if ctx.matches(k, "general") and k in reference
-        ]
-        target = [
-            values[k] - reference[k] for k in values if ctx.matches(k, "target") and k in reference
-        ]
-        if not general or not target:
+        outcome = found.outcome(run)
+        if outcome is None or outcome.general_change is None or outcome.target_gain is None:
             continue
         points.append(
             {
-                "run_id": fact["run_id"],
-                "run_name": fact["name"],
-                "method": fact["method"] or "unknown",
-                "general_change": round(sum(general) / len(general), 4),
-                "target_gain": round(sum(target) / len(target), 4),
+                "run_id": run.run_id,
+                "run_name": run.name,
+                "method": run.method or "unknown",
+                "general_change": round(outcome.general_change, 4),
+                "target_gain": round(outcome.target_gain, 4),
             }
         )
     by_method = []
@@ -305,11 +199,60 @@ def _methods(wh, config: Config, window: Window, summary: dict, shared: dict) ->
     return {"by_method": by_method, "points": points}
 
 
+def _matrix(wh, config: Config, window: Window, shared: dict) -> dict:
+    """Per (base model, task): each method's runs with cost, target gain and general change,
+    and the cheaper run that dominates a run (MTX001's test, with its configured ratio)."""
+    facts = shared_facts(wh.con, config, shared)
+    found = shared_recipes(wh.con, config, facts, shared)
+    ratio = effective_thresholds(get_rule("MTX001"), config)["cost_ratio"]
+    groups = []
+    for (base_model, task), items in method_matrix(found, window, ratio).items():
+        runs = [
+            {
+                "run_id": item.run.run_id,
+                "run_name": item.run.name,
+                "method": item.run.method or "unknown",
+                "gpu_hours": round(item.gpu_hours, 2),
+                "target_gain": round(item.outcome.target_gain, 4),
+                "general_change": round(item.outcome.general_change, 4),
+                "dominated_by": item.dominated_by.run.name if item.dominated_by else None,
+            }
+            for item in sorted(items, key=lambda i: (i.run.method or "", i.gpu_hours, i.run.run_id))
+        ]
+        groups.append({"base_model": base_model, "task": task, "runs": runs})
+    return {"groups": groups, "cost_ratio": ratio}
+
+
+def _queue(wh, config: Config, window: Window, shared: dict) -> dict:
+    """Queue wait per team and partition: a management cost, shown apart from waste."""
+    facts = shared_facts(wh.con, config, shared)
+    found = waits(facts, window)
+    longest = sorted(found, key=lambda w: (-w.hours, w.job.job_id))[:5]
+    return {
+        "by_team_partition": by_team_and_partition(found),
+        "jobs": len(found),
+        "gpu_hours_waited": round(sum(w.gpu_hours for w in found), 2),
+        "measured_from_submit": sum(1 for w in found if w.measured_from == "Submit"),
+        "longest": [
+            {
+                "job_id": w.job.job_id,
+                "name": w.job.name,
+                "team": w.team,
+                "partition": w.partition,
+                "gpus": w.job.gpus,
+                "wait_hours": round(w.hours, 2),
+                "measured_from": w.measured_from,
+            }
+            for w in longest
+        ],
+    }
+
+
 def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[dict]:
     price = float(config.values["prices"]["storage_gb_month_usd"])
     stored = wh.con.execute("SELECT coalesce(sum(bytes), 0) FROM checkpoints").fetchall()[0][0]
-    evaluation = summary["by_method"].get("eval", {}).get("usd", 0.0)
-    rework = sum(f.usd for f in result.active if f.rule[:3] in ("REG", "DUP"))
+    evaluation = summary["evaluation"]
+    rework = sum(f.usd or 0 for f in result.active if f.family in ("REG", "RED", "DUP"))
     return [
         {
             "category": "compute",
@@ -322,11 +265,20 @@ def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[d
             "basis": f"{stored / 1e9:,.1f} GB of checkpoints × ${price:.3f}/GB-month (per month)",
         },
         {
-            "category": "evaluation runs",
-            "usd": round(evaluation, 2),
-            "basis": "spend of runs with method eval",
+            "category": "evaluation",
+            "usd": round(evaluation["usd"], 2),
+            "basis": (
+                f"{evaluation['gpu_hours']:,.1f} GPU-h of {evaluation['runs']} evaluation runs "
+                f"(method {', '.join(config.values['attribution']['eval_methods'])}), part of "
+                f"compute; ${evaluation['duplicate_usd']:,.2f} of it re-evaluated the same "
+                "model on the same benchmarks (EVL001)"
+            ),
         },
-        {"category": "rework", "usd": round(rework, 2), "basis": "waste of REG and DUP findings"},
+        {
+            "category": "rework",
+            "usd": round(rework, 2),
+            "basis": "waste of REG, RED and DUP findings",
+        },
     ]
 
 

@@ -249,4 +249,37 @@ CREATE TABLE prune_log (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4]
+V5 = """
+-- a finding whose GPU count is unknown keeps gpu_hours and usd NULL and says how long the
+-- runs ran instead; cost_basis names the evidence a figure stands on
+ALTER TABLE findings ADD COLUMN run_hours DOUBLE;
+ALTER TABLE findings ADD COLUMN cost_basis VARCHAR;
+"""
+
+
+V6 = """
+ALTER TABLE jobs ADD COLUMN eligible_time TIMESTAMP;    -- UTC; queue wait = start - eligible
+ALTER TABLE jobs ADD COLUMN ave_gpu_util_pct DOUBLE;    -- max over steps of TRESUsageInAve gres/gpuutil
+ALTER TABLE jobs ADD COLUMN ave_gpu_mem_bytes BIGINT;   -- max over steps of TRESUsageInAve gres/gpumem
+ALTER TABLE jobs ADD COLUMN admin_comment VARCHAR;      -- AdminComment as written (jobstats: JS1:...)
+"""
+
+
+V7 = """
+-- GPU samples logged by a run itself (W&B system metrics, MLflow system/gpu_* metrics):
+-- the run they belong to. NULL for host telemetry (nvidia-smi, DCGM, Prometheus).
+ALTER TABLE gpu_samples ADD COLUMN source_id VARCHAR;
+ALTER TABLE gpu_samples ADD COLUMN run_id VARCHAR;
+CREATE TABLE run_files (
+    source_id VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    path VARCHAR NOT NULL,               -- the log read: a .wandb file
+    size BIGINT NOT NULL,
+    mtime TIMESTAMP NOT NULL,
+    resume_offset BIGINT NOT NULL,       -- first byte not yet imported (a record boundary)
+    state VARCHAR NOT NULL               -- JSON: what reading on from resume_offset needs
+);
+"""
+
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]

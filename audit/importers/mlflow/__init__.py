@@ -7,10 +7,7 @@ re-import fetches only new or changed runs and never duplicates rows.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,18 +17,20 @@ import polars as pl
 
 from audit.config import Config, load_config
 from audit.errors import InputError
-from audit.importers.files import insert_frame
+from audit.importers.files import insert_frame, prefetch
 from audit.importers.links import refresh_links
-from audit.importers.mlflow.base import DetailBatch, MlflowReader, latest_from_history, stable_hash
+from audit.importers.mlflow.base import MlflowReader
 from audit.importers.mlflow.filestore import FileStoreReader
-from audit.importers.mlflow.normalise import normalised_params
 from audit.importers.mlflow.rest import RestReader, redact_url
 from audit.importers.mlflow.sqlstore import SqlStoreReader
-from audit.importers.search_index import (
-    SEARCH_TABLE,
-    rebuild_search_tables,
-    update_search_tables,
+from audit.importers.run_store import (
+    replace_experiments,
+    runs_frame,
+    stable_hash,
+    upsert_source,
+    write_batch,
 )
+from audit.importers.search_index import refresh_search_tables
 from audit.progress import NoProgress, ProgressReporter
 from audit.warehouse import Warehouse
 
@@ -126,8 +125,8 @@ def import_mlflow(
         changed_ids = changed["run_id"].to_list()
         model_versions = reader.model_versions()
         with wh.transaction() as con:
-            _upsert_source(con, source_id, reader.kind, reader.location, started_at)
-            _replace_experiments(con, source_id, experiments)
+            upsert_source(con, source_id, reader.kind, reader.location, started_at)
+            replace_experiments(con, source_id, experiments)
             con.execute("CREATE OR REPLACE TEMP TABLE audit_changed (run_id VARCHAR)")
             con.register(
                 "changed_ids", pl.DataFrame({"run_id": changed_ids}, schema={"run_id": pl.String})
@@ -140,7 +139,7 @@ def import_mlflow(
                     "AND run_id IN (SELECT run_id FROM audit_changed)",
                     [source_id],
                 )
-            insert_frame(con, "runs", _runs_frame(changed, source_id, started_at))
+            insert_frame(con, "runs", runs_frame(changed, source_id, started_at))
             progress.start(len(changed_ids))
             for batch in prefetch(reader.details(changed_ids)):
                 write_batch(con, batch, source_id)
@@ -160,10 +159,7 @@ def import_mlflow(
             )
             summary.model_versions = model_versions.height
             refresh_links(con, config or load_config(None))
-            if not _has_search_tables(con) or summary.runs_written > runs.height // 10:
-                rebuild_search_tables(con)
-            else:
-                update_search_tables(con, source_id, changed_ids)
+            refresh_search_tables(con, {source_id: changed_ids}, runs.height)
             summary.seconds = time.monotonic() - started
             _log_import(con, summary, runs, started_at)
             con.execute("DROP TABLE audit_changed")
@@ -171,65 +167,6 @@ def import_mlflow(
         progress.stop()
         reader.close()
     return summary
-
-
-def write_batch(con, batch: DetailBatch, source_id: str) -> None:
-    """Insert one batch of run details (params normalised, latest metrics derived if absent)."""
-    latest = (
-        batch.latest_metrics
-        if batch.latest_metrics is not None
-        else latest_from_history(batch.metrics)
-    )
-    source = pl.lit(source_id)
-    insert_frame(con, "params", normalised_params(batch.params).with_columns(source_id=source))
-    insert_frame(con, "tags", batch.tags.with_columns(source_id=source))
-    insert_frame(con, "metrics", _metric_frame(batch.metrics, source_id))
-    insert_frame(con, "latest_metrics", _metric_frame(latest, source_id))
-    insert_frame(con, "dataset_inputs", batch.datasets.with_columns(source_id=source))
-
-
-def prefetch(batches: Iterator[DetailBatch], depth: int = 2) -> Iterator[DetailBatch]:
-    """Read the next batches in a thread while the caller writes the current one.
-
-    Reading (SQLite/HTTP, Arrow conversion) and DuckDB inserts both release the GIL, so
-    the two overlap on separate cores. Errors in the reader re-raise in the caller.
-    """
-    handoff: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def produce() -> None:
-        try:
-            for batch in batches:
-                while not stop.is_set():
-                    try:
-                        handoff.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            handoff.put(done)
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            handoff.put(exc)
-
-    thread = threading.Thread(target=produce, name="audit-import-reader", daemon=True)
-    thread.start()
-    try:
-        while (item := handoff.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-
-
-def _has_search_tables(con) -> bool:
-    names = {
-        r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
-    }
-    return SEARCH_TABLE in names
 
 
 def _select_experiments(experiments: pl.DataFrame, names: list[str], location: str) -> list[str]:
@@ -246,51 +183,6 @@ def _select_experiments(experiments: pl.DataFrame, names: list[str], location: s
             f"available: {available}"
         )
     return [by_name[n] for n in names]
-
-
-def _upsert_source(con, source_id: str, kind: str, location: str, now: datetime) -> None:
-    exists = con.execute("SELECT 1 FROM sources WHERE source_id = ?", [source_id]).fetchall()
-    if exists:
-        con.execute("UPDATE sources SET last_imported_at = ? WHERE source_id = ?", [now, source_id])
-    else:
-        con.execute(
-            "INSERT INTO sources VALUES (?, ?, ?, ?, ?)", [source_id, kind, location, now, now]
-        )
-
-
-def _replace_experiments(con, source_id: str, experiments: pl.DataFrame) -> None:
-    frame = experiments.with_columns(
-        source_id=pl.lit(source_id),
-        creation_time=pl.from_epoch(pl.col("creation_time"), time_unit="ms"),
-        last_update_time=pl.from_epoch(pl.col("last_update_time"), time_unit="ms"),
-    )
-    con.register("incoming_experiments", frame)
-    con.execute(
-        "DELETE FROM experiments WHERE source_id = ? AND experiment_id IN "
-        "(SELECT experiment_id FROM incoming_experiments)",
-        [source_id],
-    )
-    con.unregister("incoming_experiments")
-    insert_frame(con, "experiments", frame)
-
-
-def _runs_frame(runs: pl.DataFrame, source_id: str, now: datetime) -> pl.DataFrame:
-    return runs.with_columns(
-        source_id=pl.lit(source_id),
-        imported_at=pl.lit(now),
-        **{
-            c: pl.from_epoch(pl.col(c), time_unit="ms")
-            for c in ("start_time", "end_time", "deleted_time")
-        },
-    )
-
-
-def _metric_frame(metrics: pl.DataFrame, source_id: str) -> pl.DataFrame:
-    return metrics.with_columns(
-        source_id=pl.lit(source_id),
-        value=pl.col("value").fill_null(float("nan")),  # MLflow stores NaN as NULL + is_nan
-        ts=pl.from_epoch(pl.col("timestamp"), time_unit="ms"),
-    ).drop("timestamp")
 
 
 def _log_import(con, summary: ImportSummary, runs: pl.DataFrame, started_at: datetime) -> None:

@@ -20,21 +20,23 @@ import yaml
 
 from audit.errors import InputError
 from audit.importers.mlflow.base import (
-    DATASET_SCHEMA,
-    EXPERIMENT_SCHEMA,
     GIT_COMMIT_TAG,
-    METRIC_SCHEMA,
     MODEL_VERSION_SCHEMA,
-    PARAM_SCHEMA,
     RUN_NAME_TAG,
-    RUN_SCHEMA,
     RUN_STATUS_BY_NUMBER,
     SOURCE_TYPE_BY_NUMBER,
+    to_int,
+)
+from audit.importers.run_store import (
+    DATASET_SCHEMA,
+    EXPERIMENT_SCHEMA,
+    METRIC_SCHEMA,
+    PARAM_SCHEMA,
+    RUN_SCHEMA,
     TAG_SCHEMA,
     DetailBatch,
     frame,
     stable_hash,
-    to_int,
 )
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -272,11 +274,18 @@ def _read_text(path: Path) -> str:
 
 
 def _metric_lines(run_id: str, key: str, path: Path) -> list[tuple]:
+    """The file's points; a line repeated verbatim counts once, as MLflow's SQL stores keep
+    one row per (key, timestamp, step, value): a re-logged point is not a second point."""
     out = []
+    seen: set[tuple[str, ...]] = set()
     for number, line in enumerate(_read_text(path).splitlines(), start=1):
         parts = line.split()
         if not parts:
             continue
+        point = (*parts[:2], parts[2] if len(parts) > 2 else "0")
+        if point in seen:
+            continue
+        seen.add(point)
         try:
             timestamp = int(parts[0])
             value = float(parts[1])

@@ -20,19 +20,21 @@ import requests
 
 from audit.errors import InputError, SourceUnavailable
 from audit.importers.mlflow.base import (
+    GIT_COMMIT_TAG,
+    MODEL_VERSION_SCHEMA,
+    RUN_NAME_TAG,
+    to_int,
+)
+from audit.importers.run_store import (
     DATASET_SCHEMA,
     EXPERIMENT_SCHEMA,
-    GIT_COMMIT_TAG,
     METRIC_SCHEMA,
-    MODEL_VERSION_SCHEMA,
     PARAM_SCHEMA,
-    RUN_NAME_TAG,
     RUN_SCHEMA,
     TAG_SCHEMA,
     DetailBatch,
     frame,
     stable_hash,
-    to_int,
 )
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}

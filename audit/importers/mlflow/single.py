@@ -10,16 +10,15 @@ from __future__ import annotations
 from audit.config import Config
 from audit.errors import InputError
 from audit.importers.files import insert_frame, now_utc
-from audit.importers.mlflow import (
-    _replace_experiments,
-    _runs_frame,
-    _upsert_source,
-    import_mlflow,
-    open_reader,
+from audit.importers.mlflow import import_mlflow, open_reader
+from audit.importers.mlflow.rest import RestReader
+from audit.importers.run_store import (
+    replace_experiments,
+    runs_frame,
+    stable_hash,
+    upsert_source,
     write_batch,
 )
-from audit.importers.mlflow.base import stable_hash
-from audit.importers.mlflow.rest import RestReader
 from audit.importers.search_index import update_search_tables
 from audit.warehouse import Warehouse
 
@@ -69,13 +68,13 @@ def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | 
         batches = list(reader.details([run_id]))
         now = now_utc()
         with wh.transaction() as con:
-            _upsert_source(con, source_id, reader.kind, reader.location, now)
-            _replace_experiments(con, source_id, experiment)
+            upsert_source(con, source_id, reader.kind, reader.location, now)
+            replace_experiments(con, source_id, experiment)
             for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
                 con.execute(
                     f"DELETE FROM {table} WHERE source_id = ? AND run_id = ?", [source_id, run_id]
                 )
-            insert_frame(con, "runs", _runs_frame(run, source_id, now))
+            insert_frame(con, "runs", runs_frame(run, source_id, now))
             for batch in batches:
                 write_batch(con, batch, source_id)
             update_search_tables(con, source_id, [run_id])

@@ -23,10 +23,12 @@ import polars as pl
 
 from audit.errors import InputError
 from audit.importers.mlflow.base import (
+    MODEL_VERSION_SCHEMA,
+)
+from audit.importers.run_store import (
     DATASET_SCHEMA,
     EXPERIMENT_SCHEMA,
     METRIC_SCHEMA,
-    MODEL_VERSION_SCHEMA,
     PARAM_SCHEMA,
     RUN_SCHEMA,
     TAG_SCHEMA,

@@ -1,0 +1,563 @@
+"""Cost and attribution: what each run and job cost, and whose it was.
+
+Every figure in a finding, a summary, a report, ``runs similar/compare`` and ``gate`` comes
+from here, so spend and waste are priced and attributed the same way everywhere.
+
+GPU count and type per run, from the best evidence available (the *cost ladder*):
+
+1. ``slurm``: the linked Slurm job's allocation × its elapsed time;
+2. ``system_metrics``: the GPUs the tracker's system metrics saw (MLflow
+   ``system/gpu_N_*``) × the run's wall clock;
+3. ``params``: a framework param or tag (``[cost] gpu_count_keys``; ``a*b`` multiplies two
+   keys, as ``trainer.n_gpus_per_node*trainer.nnodes``) × the run's wall clock;
+4. ``default``: ``[cost] default_gpus_per_run`` when the user set it;
+5. ``unknown``: GPU-hours and dollars stay unknown (None), never zero; the run-hours are
+   still known and reported.
+
+A run's wall clock ends at its end time, else at its last logged metric (a run killed
+without an end record). One team, method and base model per run and per job, decided by
+``team_of``/``Facts.load`` for spend and waste alike: the team is the first of
+``[attribution] team_order`` that is known (run tag ``team_tag``, the Slurm account, the
+user); a job with runs takes its first run's team, method and base model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from audit.config import Config
+from audit.windows import Window
+
+HOUR = 3600.0
+MAX_GPUS = 1_000_000  # a GPU count above this is not a count (a typo, an id)
+
+
+RUNG_LABELS = {
+    "slurm": "Slurm allocation",
+    "system_metrics": "estimated from system metrics",
+    "params": "estimated from params",
+    "default": "assumed [cost] default",
+    "unknown": "GPU count unknown",
+}
+
+
+def gpu_price(config: Config, gpu_type: str | None) -> tuple[float, str]:
+    """USD per GPU-hour for a GPU type or model name, and the price key that matched.
+
+    Keys match case-insensitively as substrings of the type (longest wins); else ``default``.
+    """
+    prices = config.values["prices"]["gpu_hour_usd"]
+    text = (gpu_type or "").lower()
+    matches = [k for k in prices if k != "default" and k.lower() in text]
+    key = max(matches, key=len) if matches else "default"
+    return float(prices[key]), key
+
+
+def money(gpu_hours: float, price: float, price_key: str) -> str:
+    return f"{gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({price_key}) = ${gpu_hours * price:,.2f}"
+
+
+def hours_between(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return max((end - start).total_seconds(), 0.0) / HOUR
+
+
+@dataclass(frozen=True)
+class Cost:
+    """GPUs × hours × price of one run or job, with the evidence it stands on."""
+
+    rung: str  # slurm | system_metrics | params | default | unknown
+    gpus: float | None
+    gpu_type: str | None
+    hours: float | None  # how long the GPUs were held (job elapsed, else run wall clock)
+    price: float
+    price_key: str
+    source: str  # the evidence for the GPU count, e.g. "Slurm job 123", "param num_gpus"
+
+    @property
+    def known(self) -> bool:
+        return self.gpus is not None and self.hours is not None
+
+    @property
+    def gpu_hours(self) -> float | None:
+        return self.gpus * self.hours if self.known else None
+
+    @property
+    def usd(self) -> float | None:
+        gpu_hours = self.gpu_hours
+        return None if gpu_hours is None else gpu_hours * self.price
+
+    @property
+    def rung_label(self) -> str:
+        return RUNG_LABELS[self.rung]
+
+    @property
+    def basis(self) -> str:
+        duration = f"{self.hours:.2f} h" if self.hours is not None else "an unknown duration"
+        if self.rung == "slurm":
+            return f"{self.source}: {_count(self.gpus)} GPUs × {duration} elapsed"
+        if self.rung == "unknown":
+            if self.hours is None:
+                return "GPU count and duration unknown"
+            return f"GPU count unknown: {self.hours:.2f} run-hours"
+        verb = "assumed" if self.rung == "default" else "estimated"
+        return f"{verb}: {_count(self.gpus)} GPUs from {self.source} × {duration} wall clock"
+
+    def part(self, hours: float) -> tuple[float | None, float | None]:
+        """GPU-hours and dollars of ``hours`` of this allocation (None when GPUs unknown)."""
+        if self.gpus is None:
+            return None, None
+        gpu_hours = self.gpus * hours
+        return gpu_hours, gpu_hours * self.price
+
+    def formula(self, gpu_hours: float | None = None) -> str:
+        gpu_hours = self.gpu_hours if gpu_hours is None else gpu_hours
+        if gpu_hours is None:
+            return f"{self.basis}: no dollar figure"
+        return money(gpu_hours, self.price, self.price_key)
+
+
+def _count(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+@dataclass
+class RunFacts:
+    source_id: str
+    run_id: str
+    name: str | None
+    status: str | None
+    lifecycle_stage: str | None
+    start_time: datetime | None
+    end_time: datetime | None
+    last_seen: datetime | None  # end time, else the last logged metric
+    user_id: str | None
+    experiment_id: str | None
+    experiment: str | None
+    entry_point: str | None
+    parent_run_id: str | None
+    team: str | None
+    team_source: str | None  # tag | account | user
+    method: str | None
+    base_model: str | None
+    cluster: str | None
+    job_id: str | None
+    job_start: datetime | None
+    job_end: datetime | None
+    job_state: str | None
+    cost: Cost
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.source_id, self.run_id)
+
+    @property
+    def run_hours(self) -> float | None:
+        return hours_between(self.start_time, self.last_seen)
+
+
+@dataclass
+class JobFacts:
+    cluster: str
+    job_id: str
+    name: str | None
+    user_name: str | None
+    account: str | None
+    partition: str | None
+    state: str | None
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    elapsed_s: int | None
+    timelimit_s: int | None
+    gpus: int
+    gpu_type: str | None  # allocation type, else the card model its hosts reported
+    hosts: list[str]
+    run_ids: list[str]  # runs linked to the job, earliest first
+    team: str | None
+    team_source: str | None
+    method: str | None
+    base_model: str | None
+    cost: Cost
+    extra: dict = field(default_factory=dict)  # other jobs columns (usage figures from sacct)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.cluster, self.job_id)
+
+    @property
+    def hours(self) -> float | None:
+        if self.elapsed_s is not None:
+            return self.elapsed_s / HOUR
+        return hours_between(self.start_time, self.end_time)
+
+    def subject(self) -> dict:
+        subject = {"cluster": self.cluster, "job_id": self.job_id}
+        if self.run_ids:
+            subject["run_id"] = self.run_ids[0]
+        return subject
+
+
+def team_of(order: list[str], tag: str | None, account: str | None, user: str | None):
+    """The team and where it came from: the first known of ``order`` (tag, account, user)."""
+    known = {"tag": tag, "account": account, "user": user}
+    for source in order:
+        if known.get(source):
+            return known[source], source
+    return None, None
+
+
+class Facts:
+    """Every run and GPU job with cost and attribution, read once per scan or report."""
+
+    def __init__(self, config: Config, runs: list[RunFacts], jobs: list[JobFacts]):
+        self.config = config
+        self.runs = runs
+        self.jobs = jobs
+        self._runs = {r.key: r for r in runs}
+        self._jobs = {j.key: j for j in jobs}
+
+    def run(self, source_id: str, run_id: str) -> RunFacts | None:
+        return self._runs.get((source_id, run_id))
+
+    def job(self, cluster: str, job_id: str) -> JobFacts | None:
+        return self._jobs.get((cluster, job_id))
+
+    @classmethod
+    def load(cls, con, config: Config) -> Facts:
+        attribution = config.values["attribution"]
+        cost_settings = config.values["cost"]
+        order = attribution["team_order"]
+        count_keys = cost_settings["gpu_count_keys"]
+        type_keys = cost_settings["gpu_type_keys"]
+        values = _run_values(
+            con,
+            {
+                "method": attribution["method_keys"],
+                "base_model": attribution["base_model_keys"],
+                "team": [attribution["team_tag"]],
+                "gpu_type": type_keys,
+                "gpu_count": sorted({part for key in count_keys for part in key.split("*")}),
+            },
+        )
+        host_models = dict(
+            con.execute(
+                "SELECT host, min(model) FROM gpu_samples WHERE model IS NOT NULL GROUP BY host"
+            ).fetchall()
+        )
+        jobs_raw = _rows(
+            con,
+            """
+            SELECT j.*, (SELECT list(n.host ORDER BY n.host) FROM job_nodes n
+                         WHERE n.cluster = j.cluster AND n.job_id = j.job_id) AS hosts
+            FROM jobs j ORDER BY j.start_time NULLS LAST, j.cluster, j.job_id
+            """,
+        )
+        jobs_by_key = {(j["cluster"], j["job_id"]): j for j in jobs_raw}
+        runs_raw = _rows(
+            con,
+            r"""
+            WITH links AS (
+                SELECT source_id, run_id, min_by(cluster, job_id) AS cluster, min(job_id) AS job_id
+                FROM run_jobs GROUP BY ALL
+            ),
+            seen AS (
+                SELECT source_id, run_id, max(ts) AS last_metric,
+                       count(DISTINCT regexp_extract(key, '^system/gpu_(\d+)_', 1))
+                           FILTER (WHERE starts_with(key, 'system/gpu_')) AS system_gpus
+                FROM latest_metrics GROUP BY ALL
+            ),
+            sampled AS (  -- GPU samples a run logged itself (W&B system metrics)
+                SELECT source_id, run_id, count(DISTINCT gpu) AS gpus, max(ts) AS last_sample
+                FROM gpu_samples WHERE run_id IS NOT NULL GROUP BY ALL
+            )
+            SELECT r.source_id, r.run_id, r.name, r.status, r.lifecycle_stage, r.start_time,
+                   r.end_time, r.user_id, r.experiment_id, e.name AS experiment,
+                   coalesce(nullif(r.source_name, ''), src.value) AS entry_point,
+                   parent.value AS parent_run_id, l.cluster, l.job_id,
+                   greatest(s.last_metric, g.last_sample) AS last_metric,
+                   greatest(coalesce(s.system_gpus, 0), coalesce(g.gpus, 0)) AS system_gpus
+            FROM runs r
+            LEFT JOIN experiments e ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id
+            LEFT JOIN tags src ON src.source_id = r.source_id AND src.run_id = r.run_id
+                 AND src.key = 'mlflow.source.name'
+            LEFT JOIN tags parent ON parent.source_id = r.source_id AND parent.run_id = r.run_id
+                 AND parent.key = 'mlflow.parentRunId'
+            LEFT JOIN links l ON l.source_id = r.source_id AND l.run_id = r.run_id
+            LEFT JOIN seen s ON s.source_id = r.source_id AND s.run_id = r.run_id
+            LEFT JOIN sampled g ON g.source_id = r.source_id AND g.run_id = r.run_id
+            ORDER BY r.start_time NULLS LAST, r.source_id, r.run_id
+            """,
+        )
+        default_gpus = cost_settings["default_gpus_per_run"]
+        default_type = cost_settings["default_gpu_type"] or None
+        runs: list[RunFacts] = []
+        runs_of_job: dict[tuple, list[RunFacts]] = defaultdict(list)
+        for raw in runs_raw:
+            mine = values.get((raw["source_id"], raw["run_id"]), {})
+            job = jobs_by_key.get((raw["cluster"], raw["job_id"])) if raw["job_id"] else None
+            last_seen = raw["end_time"] or raw["last_metric"]
+            gpu_type = (
+                (job and job["gpu_type"])
+                or _first(mine.get("gpu_type"), type_keys)
+                or default_type
+                or (job and _host_model(job, host_models))
+            )
+            price, price_key = gpu_price(config, gpu_type)
+            cost = _run_cost(
+                raw, job, mine, count_keys, default_gpus, last_seen, gpu_type, price, price_key
+            )
+            team, team_source = team_of(
+                order,
+                _first(mine.get("team"), [attribution["team_tag"]]),
+                job and job["account"],
+                raw["user_id"] or (job and job["user_name"]),
+            )
+            method = _first(mine.get("method"), attribution["method_keys"])
+            fact = RunFacts(
+                source_id=raw["source_id"],
+                run_id=raw["run_id"],
+                name=raw["name"],
+                status=raw["status"],
+                lifecycle_stage=raw["lifecycle_stage"],
+                start_time=raw["start_time"],
+                end_time=raw["end_time"],
+                last_seen=last_seen,
+                user_id=raw["user_id"],
+                experiment_id=raw["experiment_id"],
+                experiment=raw["experiment"],
+                entry_point=raw["entry_point"],
+                parent_run_id=raw["parent_run_id"],
+                team=team,
+                team_source=team_source,
+                method=method.lower() if method else None,
+                base_model=_first(mine.get("base_model"), attribution["base_model_keys"]),
+                cluster=raw["cluster"],
+                job_id=raw["job_id"],
+                job_start=job and job["start_time"],
+                job_end=job and job["end_time"],
+                job_state=job and job["state"],
+                cost=cost,
+            )
+            runs.append(fact)
+            if job is not None:
+                runs_of_job[(raw["cluster"], raw["job_id"])].append(fact)
+        jobs = []
+        for raw in jobs_raw:
+            linked = runs_of_job.get((raw["cluster"], raw["job_id"]), [])
+            first = linked[0] if linked else None
+            gpu_type = raw["gpu_type"] or _host_model(raw, host_models)
+            price, price_key = gpu_price(config, gpu_type)
+            elapsed = raw["elapsed_s"]
+            hours = (
+                elapsed / HOUR
+                if elapsed is not None
+                else hours_between(raw["start_time"], raw["end_time"])
+            )
+            if first is not None:
+                team, team_source = first.team, first.team_source
+            else:
+                team, team_source = team_of(order, None, raw["account"], raw["user_name"])
+            jobs.append(
+                JobFacts(
+                    cluster=raw["cluster"],
+                    job_id=raw["job_id"],
+                    name=raw["name"],
+                    user_name=raw["user_name"],
+                    account=raw["account"],
+                    partition=raw["partition"],
+                    state=raw["state"],
+                    submit_time=raw["submit_time"],
+                    start_time=raw["start_time"],
+                    end_time=raw["end_time"],
+                    elapsed_s=elapsed,
+                    timelimit_s=raw["timelimit_s"],
+                    gpus=raw["gpus"] or 0,
+                    gpu_type=gpu_type,
+                    hosts=list(raw["hosts"] or []),
+                    run_ids=[r.run_id for r in linked],
+                    team=team,
+                    team_source=team_source,
+                    method=first.method if first else None,
+                    base_model=first.base_model if first else None,
+                    cost=Cost(
+                        "slurm",
+                        float(raw["gpus"] or 0),
+                        gpu_type,
+                        hours,
+                        price,
+                        price_key,
+                        f"Slurm job {raw['job_id']}",
+                    ),
+                    extra=raw,
+                )
+            )
+        return cls(config, runs, jobs)
+
+    def spend(self, window: Window) -> list[dict]:
+        """What was paid for in the window: every GPU job once (by its start), plus runs
+        that ran outside Slurm (by their start). Unknown costs stay None."""
+        items = []
+        for job in self.jobs:
+            if job.gpus <= 0 or job.elapsed_s is None or not window.contains(job.start_time):
+                continue
+            items.append(
+                {
+                    "kind": "job",
+                    "name": job.name,
+                    "has_run": bool(job.run_ids),
+                    "team": job.team,
+                    "method": job.method if job.run_ids else "none",
+                    "gpu_hours": job.cost.gpu_hours,
+                    "usd": job.cost.usd,
+                    "run_hours": None,
+                }
+            )
+        for run in self.runs:
+            if run.job_id is not None or not window.contains(run.start_time):
+                continue
+            items.append(
+                {
+                    "kind": "run",
+                    "name": run.name,
+                    "has_run": True,
+                    "team": run.team,
+                    "method": run.method,
+                    "gpu_hours": run.cost.gpu_hours,
+                    "usd": run.cost.usd,
+                    "run_hours": run.run_hours,
+                }
+            )
+        return items
+
+
+def _run_cost(
+    raw: dict,
+    job: dict | None,
+    values: dict,
+    count_keys: list[str],
+    default_gpus: float,
+    last_seen: datetime | None,
+    gpu_type: str | None,
+    price: float,
+    price_key: str,
+) -> Cost:
+    if job is not None and job["gpus"] and job["elapsed_s"] is not None:
+        return Cost(
+            "slurm",
+            float(job["gpus"]),
+            gpu_type,
+            job["elapsed_s"] / HOUR,
+            price,
+            price_key,
+            f"Slurm job {job['job_id']}",
+        )
+    wall = hours_between(raw["start_time"], last_seen)
+    if raw["system_gpus"]:
+        return Cost(
+            "system_metrics",
+            float(raw["system_gpus"]),
+            gpu_type,
+            wall,
+            price,
+            price_key,
+            "the run's GPU system metrics",
+        )
+    counted = _gpu_count(values.get("gpu_count", {}), count_keys)
+    if counted is not None:
+        key, gpus = counted
+        return Cost("params", gpus, gpu_type, wall, price, price_key, f"param {key}")
+    if default_gpus:
+        return Cost(
+            "default",
+            float(default_gpus),
+            gpu_type,
+            wall,
+            price,
+            price_key,
+            "[cost] default_gpus_per_run",
+        )
+    return Cost("unknown", None, gpu_type, wall, price, price_key, "")
+
+
+def _gpu_count(found: dict[str, str], keys: list[str]) -> tuple[str, float] | None:
+    """The first configured key (or ``a*b`` product) whose values are positive counts."""
+    for key in keys:
+        parts = key.split("*")
+        numbers = [_positive_count(found.get(part)) for part in parts]
+        if all(n is not None for n in numbers):
+            return key, float(math.prod(numbers))
+    return None
+
+
+def _positive_count(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        number = float(str(text).strip())
+    except ValueError:
+        return None
+    if not math.isfinite(number) or number <= 0 or number != int(number) or number > MAX_GPUS:
+        return None
+    return number
+
+
+def _first(found: dict[str, str] | None, keys: list[str]) -> str | None:
+    """The value of the first of ``keys`` that is set (params before tags)."""
+    if not found:
+        return None
+    for key in keys:
+        value = found.get(key)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _host_model(job: dict, host_models: dict[str, str]) -> str | None:
+    for host in job.get("hosts") or []:
+        if host in host_models:
+            return host_models[host]
+    return None
+
+
+def _run_values(con, wanted: dict[str, list[str]]) -> dict[tuple, dict[str, dict[str, str]]]:
+    """Per run and purpose, the values of the keys the purpose looks at (params first,
+    then tags: a param set by the training code wins over a tag set later by hand)."""
+    keys = sorted({k for ks in wanted.values() for k in ks})
+    out: dict[tuple, dict[str, dict[str, str]]] = {}
+    if not keys:
+        return out
+    rows = con.execute(
+        """
+        SELECT source_id, run_id, key, value, 0 AS pos FROM params WHERE list_contains(?, key)
+        UNION ALL
+        SELECT source_id, run_id, key, value, 1 FROM tags WHERE list_contains(?, key)
+        ORDER BY pos DESC
+        """,
+        [keys, keys],
+    ).fetchall()
+    for source_id, run_id, key, value, _pos in rows:
+        per_run = out.setdefault((source_id, run_id), {})
+        for purpose, purpose_keys in wanted.items():
+            if key in purpose_keys:
+                per_run.setdefault(purpose, {})[key] = value  # params come last and win
+    return out
+
+
+def _rows(con, sql: str, params: list | None = None) -> list[dict]:
+    cursor = con.execute(sql, params or [])
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def shared_facts(con, config: Config, shared: dict | None) -> Facts:
+    """The facts of ``shared`` (the per-scan cache rules use), loading them once."""
+    if shared is None:
+        return Facts.load(con, config)
+    if ("facts",) not in shared:
+        shared[("facts",)] = Facts.load(con, config)
+    return shared[("facts",)]

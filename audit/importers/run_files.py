@@ -1,0 +1,326 @@
+"""Runs read from files (W&B run folders, trainer logs, TensorBoard): the part they share.
+
+A tracker module turns one run folder into a ``ParsedRun``; ``RunFolderSource`` (a
+``FileSource`` of the shared import loop) writes it into the same tables as MLflow runs,
+through the same run-batch writer, so every rule, search and report sees all trackers.
+
+- Source: the folder holding the run folders (a ``wandb/`` folder, a training output's
+  parent, a TensorBoard log dir), ``source_id`` = hash of kind and that path. The same run
+  folder therefore lands in the same source whichever path it was imported through.
+- Experiment: the tracker's project (W&B), else the source folder's name.
+- Incremental: a run whose ``signature`` matches the stored one is not rewritten; a parser
+  may return an ``append`` run (a grown log read from where the last import stopped), whose
+  metric points and GPU samples are added to what is stored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from audit.importers.files import FileImportSummary, FileSource, insert_frame, now_utc
+from audit.importers.run_store import (
+    METRIC_SCHEMA,
+    PARAM_SCHEMA,
+    RUN_SCHEMA,
+    TAG_SCHEMA,
+    DetailBatch,
+    latest_from_history,
+    runs_frame,
+    stable_hash,
+    upsert_source,
+    write_batch,
+)
+from audit.importers.search_index import refresh_search_tables
+
+# Metric points without run_id: what a parser hands over for one run.
+POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}
+GPU_SAMPLE_SCHEMA = {
+    "host": pl.String,
+    "gpu": pl.String,
+    "ts": pl.Datetime("us"),
+    "util_pct": pl.Float32,
+    "mem_used_mib": pl.Float32,
+    "mem_total_mib": pl.Float32,
+    "power_w": pl.Float32,
+    "model": pl.String,
+    "uuid": pl.String,
+}
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
+RUN_TABLES = ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs")
+
+
+def without_emails(text: str) -> str:
+    """E-mail addresses replaced: a run's metadata or config must not carry them into the
+    warehouse, reports or exports."""
+    return _EMAIL.sub("<e-mail removed>", text)
+
+
+@dataclass
+class ParsedRun:
+    source_dir: Path  # the folder holding the run folder: the source
+    run_id: str
+    experiment: str
+    signature: str
+    name: str | None = None
+    user_id: str | None = None
+    status: str | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    artifact_uri: str | None = None
+    source_name: str | None = None
+    source_commit: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    points: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=POINT_SCHEMA))
+    # Latest value per key over the whole run; None: derived from ``points``.
+    latest: pl.DataFrame | None = None
+    gpu_samples: pl.DataFrame | None = None
+    append: bool = False  # points and samples extend the stored ones (a grown log)
+    replaced_keys: list[str] = field(default_factory=list)  # append: keys rewritten whole
+    cursor: dict | None = None  # run_files row: path, size, mtime, resume_offset, state
+    unchanged: bool = False  # the stored run is current: nothing to write
+    records: int = 0  # records or lines read, for the file log
+
+
+def source_id_of(kind: str, source_dir: Path) -> str:
+    return stable_hash(kind, str(source_dir))[:12]
+
+
+class RunFolderSource(FileSource):
+    """The shared writer of tracker runs; subclasses implement ``units`` and ``parse``."""
+
+    unit = "run folder(s)"
+    read_what = "records"
+    skips_bad_units = True
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[str, str], str] = {}
+        self.cursors: dict[str, dict] = {}
+        self.changed: dict[str, list[str]] = {}
+        self.sources: dict[str, str] = {}
+        self.experiments: set[tuple[str, str]] = set()
+        self.counts = dict(unchanged=0, params=0, tags=0, points=0, samples=0)
+        self.queue = _RunQueue()
+
+    def source_id(self, parsed: ParsedRun) -> str:
+        return source_id_of(self.kind, parsed.source_dir)
+
+    def known_signature(self, source_dir: Path, run_id: str) -> str | None:
+        return self.known.get((source_id_of(self.kind, source_dir), run_id))
+
+    def begin(self, con) -> None:
+        # Read once, before any unit is parsed: parsers (in worker threads) look them up.
+        self.known = {
+            (s, r): sig
+            for s, r, sig in con.execute(
+                "SELECT r.source_id, r.run_id, r.signature FROM runs r "
+                "JOIN sources s USING (source_id) WHERE s.kind = ?",
+                [self.kind],
+            ).fetchall()
+        }
+        self.cursors = {
+            row[0]: dict(zip(("path", "size", "mtime", "resume_offset", "state"), row, strict=True))
+            for row in con.execute(
+                "SELECT f.path, f.size, f.mtime, f.resume_offset, f.state FROM run_files f "
+                "JOIN sources s USING (source_id) WHERE s.kind = ?",
+                [self.kind],
+            ).fetchall()
+        }
+
+    def write(self, con, unit: Path, parsed) -> int:
+        run: ParsedRun = parsed.payload
+        source_id = self.source_id(run)
+        if source_id not in self.sources:
+            location = str(run.source_dir)
+            upsert_source(con, source_id, self.kind, location, now_utc())
+            self.sources[source_id] = location
+        if (source_id, run.experiment) not in self.experiments:
+            con.execute(
+                "INSERT INTO experiments (source_id, experiment_id, name, lifecycle_stage) "
+                "SELECT ?, ?, ?, 'active' WHERE NOT EXISTS (SELECT 1 FROM experiments "
+                "WHERE source_id = ? AND experiment_id = ?)",
+                [source_id, run.experiment, run.experiment, source_id, run.experiment],
+            )
+            self.experiments.add((source_id, run.experiment))
+        if run.unchanged:
+            self.counts["unchanged"] += 1
+            return 0
+        if run.append:
+            self._clear_for_append(con, source_id, run)
+        elif (source_id, run.run_id) in self.known:
+            self.queue.stale.append((source_id, run.run_id))
+        self.queue.add(source_id, run)
+        self.changed.setdefault(source_id, []).append(run.run_id)
+        self.counts["params"] += len(run.params)
+        self.counts["tags"] += len(run.tags)
+        self.counts["points"] += run.points.height
+        self.counts["samples"] += run.gpu_samples.height if run.gpu_samples is not None else 0
+        if self.queue.full():
+            self.queue.flush(con, self.kind)
+        return run.points.height
+
+    @staticmethod
+    def _clear_for_append(con, source_id: str, run: ParsedRun) -> None:
+        """A grown log: the run's small tables are rewritten, its points and samples kept."""
+        key = [source_id, run.run_id]
+        for table in ("runs", "params", "tags", "latest_metrics", "run_files"):
+            con.execute(f"DELETE FROM {table} WHERE source_id = ? AND run_id = ?", key)
+        if run.replaced_keys:
+            con.execute(
+                "DELETE FROM metrics WHERE source_id = ? AND run_id = ? AND list_contains(?, key)",
+                [*key, run.replaced_keys],
+            )
+
+    @staticmethod
+    def _run_row(run: ParsedRun) -> pl.DataFrame:
+        return pl.DataFrame(
+            [
+                {
+                    "run_id": run.run_id,
+                    "experiment_id": run.experiment,
+                    "name": without_emails(run.name) if run.name else run.name,
+                    "user_id": run.user_id,
+                    "status": run.status,
+                    "start_time": run.start_ms,
+                    "end_time": run.end_ms,
+                    "lifecycle_stage": "active",
+                    "deleted_time": None,
+                    "artifact_uri": run.artifact_uri,
+                    "source_name": run.source_name,
+                    "source_type": "LOCAL",
+                    "source_commit": run.source_commit,
+                    "signature": run.signature,
+                }
+            ],
+            schema=RUN_SCHEMA,
+        )
+
+    def finish(self, con, summary: FileImportSummary) -> None:
+        self.queue.flush(con, self.kind)
+        if self.changed:
+            runs_seen = con.execute(
+                "SELECT count(*) FROM runs WHERE list_contains(?, source_id)", [list(self.changed)]
+            ).fetchall()[0][0]
+            refresh_search_tables(con, self.changed, runs_seen)
+        written = sum(len(ids) for ids in self.changed.values())
+        summary.rows_written = written
+        summary.detail = "new or changed runs"
+        c = self.counts
+        summary.extra = (
+            f"{c['unchanged']} unchanged: {c['params']:,} params, {c['tags']:,} tags, "
+            f"{c['points']:,} metric points, {c['samples']:,} GPU samples"
+        )
+
+
+class _RunQueue:
+    """Parsed runs gathered into large inserts: one insert per table and source for many
+    runs (a thousand small runs cost 6,000 statements one by one)."""
+
+    max_runs = 500
+    max_points = 2_000_000
+
+    def __init__(self) -> None:
+        self.by_source: dict[str, list[ParsedRun]] = {}
+        self.stale: list[tuple[str, str]] = []  # stored runs to replace
+        self.runs = 0
+        self.points = 0
+
+    def add(self, source_id: str, run: ParsedRun) -> None:
+        self.by_source.setdefault(source_id, []).append(run)
+        self.runs += 1
+        self.points += run.points.height
+
+    def full(self) -> bool:
+        return self.runs >= self.max_runs or self.points >= self.max_points
+
+    def flush(self, con, origin: str) -> None:
+        if self.stale:
+            con.register(
+                "stale_runs",
+                pl.DataFrame(
+                    self.stale, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"
+                ),
+            )
+            for table in (*RUN_TABLES, "gpu_samples", "run_files"):
+                con.execute(
+                    f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM stale_runs s "
+                    "WHERE s.source_id = t.source_id AND s.run_id = t.run_id)"
+                )
+            con.unregister("stale_runs")
+        for source_id, runs in self.by_source.items():
+            _insert_runs(con, source_id, runs, origin)
+        self.__init__()
+
+
+def _frame(column_rows: list[tuple[str, dict[str, str]]], schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(
+        [
+            (run_id, k, without_emails(v))
+            for run_id, values in column_rows
+            for k, v in values.items()
+        ],
+        schema=schema,
+        orient="row",
+    )
+
+
+def _insert_runs(con, source_id: str, runs: list[ParsedRun], origin: str) -> None:
+    now = now_utc()
+    insert_frame(
+        con,
+        "runs",
+        runs_frame(pl.concat([RunFolderSource._run_row(r) for r in runs]), source_id, now),
+    )
+    points = pl.concat(
+        [r.points.with_columns(run_id=pl.lit(r.run_id, pl.String)) for r in runs]
+    ).select(list(METRIC_SCHEMA))
+    latest = pl.concat(
+        [
+            r.latest.with_columns(run_id=pl.lit(r.run_id, pl.String)).select(list(METRIC_SCHEMA))
+            if r.latest is not None
+            else latest_from_history(
+                r.points.with_columns(run_id=pl.lit(r.run_id, pl.String))
+            ).select(list(METRIC_SCHEMA))
+            for r in runs
+        ]
+    )
+    write_batch(
+        con,
+        DetailBatch(
+            run_count=len(runs),
+            params=_frame([(r.run_id, r.params) for r in runs], PARAM_SCHEMA),
+            tags=_frame([(r.run_id, r.tags) for r in runs], TAG_SCHEMA),
+            metrics=points,
+            latest_metrics=latest,
+        ),
+        source_id,
+    )
+    samples = [
+        r.gpu_samples.with_columns(run_id=pl.lit(r.run_id, pl.String))
+        for r in runs
+        if r.gpu_samples is not None and r.gpu_samples.height
+    ]
+    if samples:
+        frame = pl.concat(samples).with_columns(origin=pl.lit(origin), source_id=pl.lit(source_id))
+        columns = ", ".join(frame.columns)
+        con.register("incoming_run_samples", frame)
+        try:
+            # One row per (host, gpu, ts): a sample a host's telemetry already holds is kept.
+            con.execute(
+                f"INSERT INTO gpu_samples ({columns}) SELECT {columns} FROM incoming_run_samples i "
+                "WHERE NOT EXISTS (SELECT 1 FROM gpu_samples e "
+                "WHERE e.host = i.host AND e.gpu = i.gpu AND e.ts = i.ts)"
+            )
+        finally:
+            con.unregister("incoming_run_samples")
+    cursors = [
+        (source_id, r.run_id, c["path"], c["size"], c["mtime"], c["resume_offset"], c["state"])
+        for r in runs
+        if (c := r.cursor) is not None
+    ]
+    if cursors:
+        con.executemany("INSERT INTO run_files VALUES (?, ?, ?, ?, ?, ?, ?)", cursors)

@@ -1,0 +1,109 @@
+"""Queue wait: how long GPU jobs waited to start, and what held their partition meanwhile.
+
+A job's wait is ``start - eligible`` (sacct ``Eligible``: submitted, dependencies met, not
+held), else ``start - submit`` when the export has no ``Eligible`` (the wait then includes
+any dependency or hold). Its *GPU-hours waited* are its GPUs × its wait: the capacity the
+team asked for and could not use yet. Waiting is a management cost, not GPU waste: it is
+reported apart and never added to waste. QUE001 and the weekly report's queue section
+both read it from here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from audit.costs import Facts, JobFacts
+from audit.windows import Window
+
+
+@dataclass(frozen=True)
+class Wait:
+    job: JobFacts
+    since: datetime  # eligible time, else submit time
+    measured_from: str  # Eligible | Submit
+    hours: float
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.job.gpus * self.hours
+
+    @property
+    def team(self) -> str:
+        return self.job.team or "unknown"
+
+    @property
+    def partition(self) -> str:
+        return self.job.partition or "unknown"
+
+
+def waits(facts: Facts, window: Window) -> list[Wait]:
+    """GPU jobs that started in the window, with their wait (0 when started at once)."""
+    out = []
+    for job in facts.jobs:
+        if job.gpus <= 0 or job.start_time is None or not window.contains(job.start_time):
+            continue
+        eligible = job.extra.get("eligible_time")
+        since, source = (eligible, "Eligible") if eligible else (job.submit_time, "Submit")
+        if since is None:
+            continue
+        hours = max((job.start_time - since).total_seconds(), 0.0) / 3600
+        out.append(Wait(job, since, source, hours))
+    return out
+
+
+def holders(wait: Wait, facts: Facts) -> dict[str, list[JobFacts]]:
+    """Other teams' GPU jobs running in the waiting job's partition while it waited."""
+    out: dict[str, list[JobFacts]] = defaultdict(list)
+    for job in facts.jobs:
+        if (
+            job.gpus <= 0
+            or job.key == wait.job.key
+            or (job.partition or "unknown") != wait.partition
+            or (job.team or "unknown") == wait.team
+            or job.start_time is None
+            or job.start_time >= wait.job.start_time
+            or (job.end_time is not None and job.end_time <= wait.since)
+        ):
+            continue
+        out[job.team or "unknown"].append(job)
+    return dict(out)
+
+
+def by_team_and_partition(found: list[Wait]) -> list[dict]:
+    """Jobs, wait hours and GPU-hours waited per (team, partition), most waited first."""
+    groups: dict[tuple[str, str], list[Wait]] = defaultdict(list)
+    for wait in found:
+        groups[(wait.team, wait.partition)].append(wait)
+    rows = []
+    for (team, partition), items in groups.items():
+        longest = max(items, key=lambda w: w.hours)
+        rows.append(
+            {
+                "team": team,
+                "partition": partition,
+                "jobs": len(items),
+                "wait_hours": round(sum(w.hours for w in items), 3),
+                "mean_wait_hours": round(sum(w.hours for w in items) / len(items), 3),
+                "longest_wait_hours": round(longest.hours, 3),
+                "longest_job": longest.job.job_id,
+                "gpu_hours_waited": round(sum(w.gpu_hours for w in items), 3),
+                "measured_from_submit": sum(1 for w in items if w.measured_from == "Submit"),
+            }
+        )
+    return sorted(rows, key=lambda r: (-r["gpu_hours_waited"], r["team"], r["partition"]))
+
+
+def sweeps_holding(wait: Wait, facts: Facts, min_jobs: int) -> list[dict]:
+    """Other teams that ran at least ``min_jobs`` jobs in the partition during the wait."""
+    return [
+        {
+            "team": team,
+            "jobs": len(jobs),
+            "gpus": sum(j.gpus for j in jobs),
+            "examples": [j.job_id for j in jobs[:5]],
+        }
+        for team, jobs in sorted(holders(wait, facts).items())
+        if len(jobs) >= min_jobs
+    ]

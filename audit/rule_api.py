@@ -1,0 +1,338 @@
+"""What a rule author imports: ``Rule``, ``Finding``, ``Threshold``, ``Severity``, ``RuleContext``.
+
+A rule is a small class in ``rules/`` (shipped as ``audit.rules``) or in a plug-in
+(entry-point group ``audit.rules``): ``code`` (family prefix + number), kebab-case ``name``,
+default ``severity``, the ``family_label`` of its family, documented ``thresholds``, the
+tables it ``needs``, and a docstring that is its user documentation. ``check(ctx)`` reads
+the warehouse through the context and yields findings; it never writes. An exception
+inside a rule becomes an ``error`` result and the scan goes on; missing inputs become
+``skipped`` with the reason; a subject the rule cannot judge becomes a note.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import inspect
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from audit.config import Config
+from audit.errors import InputError
+from audit.windows import Window
+
+if TYPE_CHECKING:
+    from audit.costs import Facts
+    from audit.usage import UsageIndex
+
+DOC_SECTIONS = (
+    "What it detects",
+    "Why it is waste",
+    "Known false positives",
+    "Example",
+    "How to fix",
+    "References",
+)
+
+
+class Severity(enum.IntEnum):
+    INFO = 0
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+    CRITICAL = 4
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            valid = ", ".join(s.label for s in cls)
+            raise InputError(f"unknown severity {text!r}; valid: {valid}") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A tunable number with its default, valid range and meaning."""
+
+    default: float
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    unit: str = ""
+
+    def validate(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            raise InputError(f"{where} must be a number, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise InputError(f"{where} must be ≥ {self.minimum}, got {value}")
+        if self.maximum is not None and value > self.maximum:
+            raise InputError(f"{where} must be ≤ {self.maximum}, got {value}")
+        return value
+
+    def describe(self) -> str:
+        bounds = []
+        if self.minimum is not None:
+            bounds.append(f"≥ {self.minimum:g}")
+        if self.maximum is not None:
+            bounds.append(f"≤ {self.maximum:g}")
+        unit = f" {self.unit}" if self.unit else ""
+        return f"default {self.default:g}{unit}" + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+# The findings table's columns, in order: Finding.to_row and Finding.from_row are the only
+# code that maps a finding to a stored row and back.
+FINDING_COLUMNS = (
+    "scan_id",
+    "finding_id",
+    "rule",
+    "name",
+    "severity",
+    "subject",
+    "message",
+    "evidence",
+    "gpu_hours",
+    "usd",
+    "bytes",
+    "recommendation",
+    "team",
+    "method",
+    "happened_at",
+    "suppressed",
+    "suppressed_reason",
+    "run_hours",
+    "cost_basis",
+)
+
+
+@dataclass
+class Finding:
+    """One piece of waste (or risk) with its evidence and price.
+
+    ``gpu_hours`` and ``usd`` are None when the cost is unknown (no GPU count anywhere);
+    ``run_hours`` then says how long the runs ran. Zero means "no waste claimed" (risks,
+    storage findings have ``bytes`` instead).
+    """
+
+    rule: str
+    name: str
+    severity: Severity
+    subject: dict[str, Any]
+    message: str
+    evidence: dict[str, Any]
+    recommendation: str
+    gpu_hours: float | None = 0.0
+    usd: float | None = 0.0
+    bytes: int = 0
+    team: str | None = None
+    method: str | None = None
+    happened_at: datetime | None = None
+    suppressed: bool = False
+    suppressed_reason: str | None = None
+    run_hours: float | None = None
+    cost_basis: str | None = None
+
+    @property
+    def id(self) -> str:
+        key = json.dumps([self.rule, self.subject], sort_keys=True, default=str)
+        return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+    @property
+    def family(self) -> str:
+        return self.rule[:3]
+
+    @property
+    def cost_known(self) -> bool:
+        return self.gpu_hours is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rule": self.rule,
+            "name": self.name,
+            "severity": self.severity.label,
+            "subject": self.subject,
+            "message": self.message,
+            "evidence": self.evidence,
+            "waste": {
+                "gpu_hours": None if self.gpu_hours is None else round(self.gpu_hours, 3),
+                "usd": None if self.usd is None else round(self.usd, 2),
+                "bytes": int(self.bytes),
+                "run_hours": None if self.run_hours is None else round(self.run_hours, 6),
+            },
+            "cost_basis": self.cost_basis,
+            "recommendation": self.recommendation,
+            "team": self.team,
+            "method": self.method,
+            "suppressed": self.suppressed,
+            "suppressed_reason": self.suppressed_reason,
+        }
+
+    def to_row(self, scan_id: int) -> tuple:
+        return (
+            scan_id,
+            self.id,
+            self.rule,
+            self.name,
+            self.severity.label,
+            json.dumps(self.subject, sort_keys=True, default=str),
+            self.message,
+            json.dumps(self.evidence, default=str),
+            self.gpu_hours,
+            self.usd,
+            int(self.bytes),
+            self.recommendation,
+            self.team,
+            self.method,
+            self.happened_at,
+            self.suppressed,
+            self.suppressed_reason,
+            self.run_hours,
+            self.cost_basis,
+        )
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Finding:
+        return cls(
+            rule=row["rule"],
+            name=row["name"],
+            severity=Severity.parse(row["severity"]),
+            subject=json.loads(row["subject"]),
+            message=row["message"],
+            evidence=json.loads(row["evidence"]) if row["evidence"] else {},
+            recommendation=row["recommendation"] or "",
+            gpu_hours=row["gpu_hours"],
+            usd=row["usd"],
+            bytes=row["bytes"] or 0,
+            team=row["team"],
+            method=row["method"],
+            happened_at=row["happened_at"],
+            suppressed=row["suppressed"],
+            suppressed_reason=row["suppressed_reason"],
+            run_hours=row["run_hours"],
+            cost_basis=row["cost_basis"],
+        )
+
+
+class Skip(Exception):
+    """Raised by a rule that cannot judge at all; the message says which input is missing
+    (and, when the configuration does not fit the data, what the data holds instead)."""
+
+
+class Rule:
+    """Base class of every rule. Subclasses set the class attributes and ``check``."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    severity: ClassVar[Severity]
+    family_label: ClassVar[str]  # e.g. "idle capacity": the family's row in summaries
+    thresholds: ClassVar[dict[str, Threshold]] = {}
+    needs: ClassVar[dict[str, str]] = {}  # table -> what is missing when it is empty
+    recommendation: ClassVar[str] = ""
+
+    def check(self, ctx: RuleContext) -> Iterable[Finding]:
+        raise NotImplementedError
+
+    @classmethod
+    def family(cls) -> str:
+        return cls.code[:3]
+
+    @classmethod
+    def doc(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    @classmethod
+    def summary(cls) -> str:
+        return cls.doc().splitlines()[0] if cls.doc() else ""
+
+    @classmethod
+    def sections(cls) -> dict[str, str]:
+        """The docstring split at ``Heading:`` lines that name a documentation section."""
+        out: dict[str, list[str]] = {}
+        current = None
+        for line in cls.doc().splitlines()[1:]:
+            heading = line.rstrip(":").strip()
+            if line.endswith(":") and heading in DOC_SECTIONS:
+                current = heading
+                out[current] = []
+            elif current:
+                out[current].append(line)
+        return {k: "\n".join(v).strip() for k, v in out.items()}
+
+    def finding(self, subject: dict, message: str, evidence: dict, **fields: Any) -> Finding:
+        return Finding(
+            rule=self.code,
+            name=self.name,
+            severity=fields.pop("severity", self.severity),
+            subject=subject,
+            message=message,
+            evidence=evidence,
+            recommendation=fields.pop("recommendation", self.recommendation),
+            **fields,
+        )
+
+
+@dataclass
+class RuleContext:
+    """What a rule sees: read-only queries, its thresholds, prices, the scan window, and
+    the shared facts (cost and attribution, GPU usage) computed once per scan."""
+
+    con: Any
+    config: Config
+    thresholds: dict[str, float]
+    window: Window
+    notes: list[str] = field(default_factory=list)
+    # facts several rules derive the same way, computed once per scan; keyed by the
+    # helper and its arguments
+    shared: dict[tuple, Any] = field(default_factory=dict)
+
+    def once(self, key: tuple, compute):
+        if key not in self.shared:
+            self.shared[key] = compute()
+        return self.shared[key]
+
+    def rows(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+        cursor = self.con.execute(sql, params or [])
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def note(self, text: str) -> None:
+        """Record that one subject could not be judged (the rule goes on with the others)."""
+        self.notes.append(text)
+
+    @property
+    def facts(self) -> Facts:
+        """Runs and jobs with their cost and attribution (``audit.costs``)."""
+        from audit.costs import Facts
+
+        return self.once(("facts",), lambda: Facts.load(self.con, self.config))
+
+    @property
+    def usage(self) -> UsageIndex:
+        """How busy each allocation's GPUs were, from the best evidence (``audit.usage``)."""
+        from audit.usage import UsageIndex
+
+        return self.once(("usage",), lambda: UsageIndex(self.con, self.facts))
+
+    def gpu_price(self, gpu_type: str | None) -> tuple[float, str]:
+        from audit.costs import gpu_price
+
+        return gpu_price(self.config, gpu_type)
+
+    @property
+    def storage_price(self) -> float:
+        return float(self.config.values["prices"]["storage_gb_month_usd"])
+
+    def metric_globs(self, kind: str) -> list[str]:
+        return list(self.config.values["metrics"][kind])
+
+    def matches(self, key: str, kind: str) -> bool:
+        return any(fnmatchcase(key, g) for g in self.metric_globs(kind))

@@ -1,0 +1,253 @@
+"""Running a scan: the rules over a window, suppressions, storing, reusing and loading it."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
+from typing import Any
+
+import polars as pl
+
+from audit.config import Config
+from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
+from audit.rule_registry import all_rules, effective_thresholds
+from audit.windows import Window
+
+
+@dataclass
+class RuleResult:
+    rule: str
+    status: str  # ok | skipped | error
+    reason: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class ScanResult:
+    scan_id: int
+    started_at: datetime
+    config_hash: str
+    window: Window
+    results: list[RuleResult]
+
+    @property
+    def since(self) -> datetime | None:
+        return self.window.since
+
+    @property
+    def until(self) -> datetime | None:
+        return self.window.until
+
+    @property
+    def findings(self) -> list[Finding]:
+        return sorted(
+            (f for r in self.results for f in r.findings),
+            key=lambda f: (
+                -int(f.severity),
+                -(f.usd or 0.0),
+                -f.bytes,
+                -(f.run_hours or 0.0),
+                f.rule,
+                json.dumps(f.subject, sort_keys=True, default=str),
+            ),
+        )
+
+    @property
+    def active(self) -> list[Finding]:
+        return [f for f in self.findings if not f.suppressed]
+
+
+def run_rules(
+    con, config: Config, rules: list[type[Rule]], window: Window, shared: dict | None = None
+) -> list[RuleResult]:
+    """Every rule over the window; ``shared`` carries facts computed once (cost, usage)."""
+    results = []
+    shared = {} if shared is None else shared
+    for rule_class in rules:
+        started = time.monotonic()
+        thresholds = effective_thresholds(rule_class, config)
+        ctx = RuleContext(
+            con=con, config=config, thresholds=thresholds, window=window, shared=shared
+        )
+        missing = [why for table, why in rule_class.needs.items() if not _has_rows(con, table)]
+        if missing:
+            results.append(RuleResult(rule_class.code, "skipped", "; ".join(missing)))
+            continue
+        try:
+            findings = list(rule_class().check(ctx))
+            result = RuleResult(rule_class.code, "ok", findings=findings, notes=ctx.notes)
+        except Skip as exc:
+            result = RuleResult(rule_class.code, "skipped", str(exc), notes=ctx.notes)
+        except Exception as exc:  # one broken rule must not stop the scan
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            result = RuleResult(
+                rule_class.code,
+                "error",
+                f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})",
+            )
+        result.seconds = time.monotonic() - started
+        results.append(result)
+    return results
+
+
+def _has_rows(con, table: str) -> bool:
+    return bool(con.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchall()[0][0])
+
+
+def apply_suppressions(con, config: Config, results: list[RuleResult]) -> None:
+    """Config [[suppress]] entries and run tags ``audit.ignore=CODE[,CODE]`` mute findings."""
+    tag = config.values["attribution"]["ignore_tag"]
+    ignored: dict[str, set[str]] = {}
+    for run_id, value in con.execute(
+        "SELECT run_id, value FROM tags WHERE key = ?", [tag]
+    ).fetchall():
+        ignored[run_id] = {c.strip().upper() for c in (value or "").split(",") if c.strip()}
+    for result in results:
+        for f in result.findings:
+            run_id = f.subject.get("run_id")
+            if run_id and ({f.rule, f.family} & ignored.get(run_id, set())):
+                f.suppressed = True
+                f.suppressed_reason = f"run tag {tag}={','.join(sorted(ignored[run_id]))}"
+                continue
+            for entry in config.values["suppress"]:
+                if entry["rule"].upper() in (f.rule, f.family) and _subject_matches(
+                    entry["subject"], f.subject
+                ):
+                    f.suppressed, f.suppressed_reason = True, f"config: {entry['reason']}"
+                    break
+
+
+def _subject_matches(pattern: str, subject: dict) -> bool:
+    return pattern == "*" or any(fnmatchcase(str(v), pattern) for v in subject.values())
+
+
+def selection(rules: list[type[Rule]]) -> str:
+    return ",".join(r.code for r in rules)
+
+
+def scan(
+    wh,
+    config: Config,
+    rules: list[type[Rule]],
+    window: Window,
+    shared: dict | None = None,
+) -> ScanResult:
+    """Run the rules and store the scan with its findings and per-rule results."""
+    started_at = datetime.now(UTC).replace(tzinfo=None)
+    results = run_rules(wh.con, config, rules, window, shared)
+    apply_suppressions(wh.con, config, results)
+    with wh.transaction() as con:
+        scan_id = con.execute("SELECT coalesce(max(scan_id), 0) + 1 FROM scans").fetchall()[0][0]
+        con.execute(
+            "INSERT INTO scans VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                scan_id,
+                started_at,
+                datetime.now(UTC).replace(tzinfo=None),
+                config.digest,
+                window.since,
+                window.until,
+                selection(rules),
+            ],
+        )
+        rows = [f.to_row(scan_id) for r in results for f in r.findings]
+        if rows:
+            # one columnar insert: executemany costs ~1.5 ms per row (4 min for 150k findings)
+            frame = pl.DataFrame(
+                rows, schema=list(FINDING_COLUMNS), orient="row", infer_schema_length=None
+            )
+            con.register("incoming_findings", frame)
+            try:
+                columns = ", ".join(FINDING_COLUMNS)
+                con.execute(
+                    f"INSERT INTO findings ({columns}) SELECT {columns} FROM incoming_findings"
+                )
+            finally:
+                con.unregister("incoming_findings")
+        for r in results:
+            con.execute(
+                "INSERT INTO rule_results VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    scan_id,
+                    r.rule,
+                    r.status,
+                    r.reason,
+                    len(r.findings),
+                    json.dumps(r.notes),
+                    r.seconds,
+                ],
+            )
+    return ScanResult(scan_id, started_at, config.digest, window, results)
+
+
+def complete_scan(wh, config: Config, window: Window, fresh: bool) -> int | None:
+    """The latest stored scan of exactly ``window`` with every rule and this configuration.
+
+    Ad-hoc scans (``--select``, another window, another configuration) are never reused.
+    With ``fresh``, the scan must also have been made after the window closed and after the
+    last import or prune, so it is what scanning again would give.
+    """
+    if not window.bounded:
+        return None
+    freshness = (
+        """AND started_at >= window_end AND started_at >= (
+               SELECT coalesce(max(t), TIMESTAMP '0001-01-01') FROM (
+                   SELECT max(finished_at) AS t FROM import_log
+                   UNION ALL SELECT max(imported_at) FROM file_imports
+                   UNION ALL SELECT max(applied_at) FROM prune_log))"""
+        if fresh
+        else ""
+    )
+    rows = wh.con.execute(
+        f"""
+        SELECT max(scan_id) FROM scans
+        WHERE window_start = ? AND window_end = ? AND config_hash = ? AND selection = ?
+        {freshness}
+        """,
+        [window.since, window.until, config.digest, selection(list(all_rules().values()))],
+    ).fetchall()
+    return rows[0][0] if rows and rows[0][0] is not None else None
+
+
+def load_scan(wh, scan_id: int) -> ScanResult:
+    """A stored scan as the ScanResult that produced it."""
+    started_at, config_hash, since, until = wh.con.execute(
+        "SELECT started_at, config_hash, window_start, window_end FROM scans WHERE scan_id = ?",
+        [scan_id],
+    ).fetchall()[0]
+    by_rule: dict[str, list[Finding]] = {}
+    cursor = wh.con.execute(
+        f"SELECT {', '.join(FINDING_COLUMNS)} FROM findings WHERE scan_id = ? ORDER BY finding_id",
+        [scan_id],
+    )
+    for values in cursor.fetchall():
+        row: dict[str, Any] = dict(zip(FINDING_COLUMNS, values, strict=True))
+        by_rule.setdefault(row["rule"], []).append(Finding.from_row(row))
+    results = [
+        RuleResult(
+            rule=rule,
+            status=status,
+            reason=reason or "",
+            findings=by_rule.get(rule, []),
+            notes=json.loads(notes) if notes else [],
+            seconds=seconds or 0.0,
+        )
+        for rule, status, reason, notes, seconds in wh.con.execute(
+            "SELECT rule, status, reason, notes, seconds FROM rule_results "
+            "WHERE scan_id = ? ORDER BY rule",
+            [scan_id],
+        ).fetchall()
+    ]
+    return ScanResult(scan_id, started_at, config_hash, Window(since, until), results)
+
+
+def stored_findings(wh, scan_id: int | None) -> list[Finding]:
+    if scan_id is None:
+        return []
+    return [f for r in load_scan(wh, scan_id).results for f in r.findings]

@@ -1,0 +1,559 @@
+"""How busy an allocation's GPUs were, from the best evidence available (the *usage ladder*).
+
+An allocation is a Slurm GPU job, or a run outside Slurm whose tracker logged GPU system
+metrics. Its usage comes from the first source that has data for it:
+
+1. ``telemetry``: nvidia-smi, DCGM or Prometheus samples of the job's hosts during the job
+   (per GPU, over time; ambiguous when another job shared a host and the GPUs cannot be
+   told apart);
+2. ``tracker``: the run's own GPU system metrics (MLflow ``system/gpu_N_*``) — per GPU,
+   over time;
+3. ``jobstats``: the per-GPU summary Princeton's jobstats stores in sacct ``AdminComment``
+   (``JS1:`` + base64 of gzipped JSON) — per GPU, means over the job;
+4. ``sacct``: ``TRESUsageInMax`` ``gres/gpuutil``/``gres/gpumem`` rolled up from the job's
+   steps — one figure for all the job's GPUs: the largest utilisation any task reported.
+
+Each source says what it can prove: a ``sacct`` maximum of 12 % proves no task of the job
+was ever seen above 12 % (so the mean was at most 12 %), but it cannot tell one idle GPU
+among busy ones; a rule that needs per-GPU data records a note instead of a finding.
+jobstats comes before sacct because its figures are per GPU and time-averaged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import polars as pl
+
+from audit.costs import Cost, Facts, JobFacts, RunFacts
+from audit.warehouse.intervals import sample_hour, window_hours
+from audit.windows import Window
+
+TRACKER_ORIGINS = ("mlflow", "wandb")
+JOBSTATS_PREFIX = "JS1:"
+JOBSTATS_MAX_BYTES = 1_000_000  # a summary is a few KB; refuse to inflate anything larger
+
+SOURCE_LABELS = {
+    "telemetry": "GPU telemetry (nvidia-smi/DCGM/Prometheus)",
+    "tracker": "tracker system metrics",
+    "jobstats": "jobstats summary in sacct AdminComment",
+    "sacct": "sacct TRESUsageInMax gres/gpuutil and gres/gpumem",
+}
+PROVES = {
+    "telemetry": "per-GPU utilisation and memory over the allocation's life",
+    "tracker": "per-GPU utilisation and memory over the run's life, as the tracker sampled it",
+    "jobstats": "per-GPU mean utilisation and peak memory over the job",
+    "sacct": (
+        "the largest GPU utilisation and memory any task of the job reported: an upper bound "
+        "for every GPU's mean, with no per-GPU detail"
+    ),
+}
+
+
+@dataclass
+class GpuActivity:
+    host: str
+    gpu: str
+    util: float  # mean utilisation, %
+    mem: float | None  # peak memory used, MiB
+    mem_total: float | None  # capacity, MiB
+    samples: int = 0
+
+
+@dataclass
+class Usage:
+    status: str  # ok | no data | ambiguous
+    source: str = ""  # telemetry | tracker | jobstats | sacct
+    gpus: int = 0
+    per_gpu: list[GpuActivity] | None = None  # None: the source has one figure for the job
+    mean_util: float | None = None  # mean over the GPUs and the allocation's life
+    util_ceiling: float | None = None  # no GPU's mean utilisation was above this
+    peak_mem_mib: float | None = None  # the most memory one GPU used
+    mem_total_mib: float | None = None
+    samples: int = 0
+    model: str | None = None
+    hosts: list[str] = field(default_factory=list)
+    why: str = ""  # for status != ok: what is missing
+
+    @property
+    def label(self) -> str:
+        return SOURCE_LABELS.get(self.source, self.source)
+
+    @property
+    def proves(self) -> str:
+        return PROVES.get(self.source, "")
+
+    def busy(self, threshold: float) -> list[GpuActivity]:
+        return [g for g in self.per_gpu or [] if g.util > threshold]
+
+    def evidence(self) -> dict:
+        """What the figures stand on, for a finding's evidence block."""
+        out: dict = {"usage_source": self.label, "usage_source_proves": self.proves}
+        if self.per_gpu is not None:
+            out["per_gpu"] = [
+                {"host": g.host, "gpu": g.gpu, "mean_util_pct": round(g.util, 2)}
+                for g in self.per_gpu
+            ]
+        else:
+            out["max_util_pct"] = self.util_ceiling
+            if self.peak_mem_mib is not None:
+                out["max_gpu_memory_mib"] = round(self.peak_mem_mib, 1)
+        if self.samples:
+            out["samples"] = self.samples
+        return out
+
+
+@dataclass
+class Allocation:
+    """GPUs held for a while: a Slurm job, or a run outside Slurm with GPU system metrics."""
+
+    kind: str  # job | run
+    subject: dict
+    label: str  # "job 123" | "run 'name'"
+    gpus: int
+    start: datetime
+    end: datetime
+    cost: Cost
+    team: str | None
+    method: str | None
+    user: str | None
+    job: JobFacts | None = None
+    run: RunFacts | None = None
+
+    @property
+    def hours(self) -> float:
+        if self.job is not None and self.job.hours is not None:
+            return self.job.hours
+        return max((self.end - self.start).total_seconds(), 0.0) / 3600
+
+    @property
+    def name(self) -> str | None:
+        return self.job.name if self.job else (self.run.name if self.run else None)
+
+
+class UsageIndex:
+    """Allocations and their usage, computed once per scan and shared by the rules."""
+
+    def __init__(self, con, facts: Facts):
+        self.con = con
+        self.facts = facts
+        self._usage: dict[str, Usage] | None = None
+        self._allocations: list[Allocation] | None = None
+
+    def allocations(self) -> list[Allocation]:
+        if self._allocations is None:
+            self._allocations = self._build_allocations()
+        return self._allocations
+
+    def has_evidence(self) -> bool:
+        """Whether any usage evidence was imported at all (for any allocation or host)."""
+        if any(u.status != "no data" for u in self._all_usage().values()):
+            return True
+        return bool(self.con.execute("SELECT EXISTS (SELECT 1 FROM gpu_samples)").fetchall()[0][0])
+
+    def judged(self, window: Window, min_hours: float, notes: list[str]):
+        """(allocation, usage) for every allocation started in the window that ran at least
+        ``min_hours`` and has usage data; the others become notes."""
+        usage = self._all_usage()
+        for alloc in self.allocations():
+            if not window.contains(alloc.start) or alloc.hours < min_hours:
+                continue
+            use = usage[_key(alloc)]
+            if use.status != "ok":
+                notes.append(f"{alloc.label}: {use.why}")
+                continue
+            yield alloc, use
+
+    # -- building ------------------------------------------------------------------------
+    def _build_allocations(self) -> list[Allocation]:
+        out = []
+        for job in self.facts.jobs:
+            if job.gpus <= 0 or job.start_time is None or job.end_time is None:
+                continue
+            out.append(
+                Allocation(
+                    kind="job",
+                    subject=job.subject(),
+                    label=f"job {job.job_id}",
+                    gpus=job.gpus,
+                    start=job.start_time,
+                    end=job.end_time,
+                    cost=job.cost,
+                    team=job.team,
+                    method=job.method,
+                    user=job.user_name,
+                    job=job,
+                )
+            )
+        for run in self.facts.runs:
+            if (
+                run.job_id is not None
+                or run.cost.rung != "system_metrics"
+                or run.start_time is None
+                or run.last_seen is None
+            ):
+                continue
+            out.append(
+                Allocation(
+                    kind="run",
+                    subject={"run_id": run.run_id, "run_name": run.name},
+                    label=f"run {run.name!r}",
+                    gpus=int(run.cost.gpus or 0),
+                    start=run.start_time,
+                    end=run.last_seen,
+                    cost=run.cost,
+                    team=run.team,
+                    method=run.method,
+                    user=run.user_id,
+                    run=run,
+                )
+            )
+        return out
+
+    def _all_usage(self) -> dict[str, Usage]:
+        if self._usage is not None:
+            return self._usage
+        allocations = self.allocations()
+        jobs = [a for a in allocations if a.kind == "job"]
+        sampled = gpu_usage(
+            self.con,
+            [
+                {
+                    "key": _key(a),
+                    "cluster": a.job.cluster,
+                    "job_id": a.job.job_id,
+                    "gpus": a.gpus,
+                    "start": a.start,
+                    "end": a.end,
+                }
+                for a in jobs
+            ],
+        )
+        tracked = _run_system_metrics(self.con, [a for a in allocations if a.kind == "run"])
+        out = {}
+        for alloc in allocations:
+            key = _key(alloc)
+            if alloc.kind == "run":
+                out[key] = tracked.get(key) or Usage(
+                    "no data", why="no GPU system metrics in the run's history"
+                )
+                continue
+            use = sampled.get(key)
+            if use is not None and use.status == "ok":
+                out[key] = use
+                continue
+            fallback = _jobstats_usage(alloc.job) or _sacct_usage(alloc.job)
+            if fallback is not None:
+                out[key] = fallback
+            elif use is not None and use.status == "ambiguous":
+                out[key] = use
+            else:
+                out[key] = Usage(
+                    "no data",
+                    gpus=alloc.gpus,
+                    hosts=alloc.job.hosts,
+                    why=(
+                        "no GPU usage evidence: no telemetry for its hosts "
+                        f"({', '.join(alloc.job.hosts) or 'unknown'}), no tracker system "
+                        "metrics, no jobstats summary, no sacct gres/gpuutil"
+                        + (" (the job is still running)" if alloc.job.state == "RUNNING" else "")
+                    ),
+                )
+        self._usage = out
+        return out
+
+
+def _key(alloc: Allocation) -> str:
+    if alloc.kind == "job":
+        return f"job\0{alloc.job.cluster}\0{alloc.job.job_id}"
+    return f"run\0{alloc.run.source_id}\0{alloc.run.run_id}"
+
+
+def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
+    """Per window (key, cluster, job_id, gpus, start, end): the activity of the job's GPUs
+    from samples of its hosts, telemetry first, else the tracker's system metrics.
+
+    Telemetry is per host; a job owns the samples of its hosts inside its allocation when
+    no other job ran on the same host at the same time (else: ``ambiguous``). When a job
+    holds fewer GPUs than the host has, its GPUs are taken to be the busiest ones there
+    (the scheduler's GPU indices are not in sacct): this can only understate idleness.
+    """
+    if not windows:
+        return {}
+    frame = pl.DataFrame(
+        [{k: w[k] for k in ("key", "cluster", "job_id", "gpus", "start", "end")} for w in windows],
+        schema={
+            "key": pl.String,
+            "cluster": pl.String,
+            "job_id": pl.String,
+            "gpus": pl.Int64,
+            "start": pl.Datetime("us"),
+            "end": pl.Datetime("us"),
+        },
+    )
+    con.register("audit_windows", frame)
+    try:
+        per_gpu = _rows(
+            con,
+            f"""
+            SELECT w.key, CASE WHEN list_contains(?, s.origin) THEN 'tracker' ELSE 'telemetry' END AS source,
+                   s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
+                   max(s.mem_total_mib) AS mem_total, count(*) AS samples,
+                   any_value(s.model) AS model
+            FROM {window_hours("audit_windows")} w
+            JOIN gpu_samples s ON s.host = w.host AND {sample_hour("s.ts")} = w.hour
+                 AND s.ts >= w.lo AND s.ts < w.hi
+            WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
+            GROUP BY ALL ORDER BY w.key, source DESC, s.host, s.gpu
+            """,
+            [list(TRACKER_ORIGINS)],
+        )
+        shared = {
+            r["key"]
+            for r in _rows(
+                con,
+                """
+                SELECT DISTINCT w.key FROM audit_windows w
+                JOIN job_nodes a ON a.cluster = w.cluster AND a.job_id = w.job_id
+                JOIN job_nodes b ON b.host = a.host AND NOT (b.cluster = a.cluster AND b.job_id = a.job_id)
+                JOIN jobs o ON o.cluster = b.cluster AND o.job_id = b.job_id
+                WHERE o.start_time < w."end" AND coalesce(o.end_time, TIMESTAMP '9999-12-31') > w.start
+                """,
+            )
+        }
+        hosts = {
+            r["key"]: r["hosts"]
+            for r in _rows(
+                con,
+                "SELECT w.key, list(n.host ORDER BY n.host) AS hosts FROM audit_windows w "
+                "JOIN job_nodes n ON n.cluster = w.cluster AND n.job_id = w.job_id GROUP BY w.key",
+            )
+        }
+    finally:
+        con.unregister("audit_windows")
+    by_key: dict[str, dict[str, list[dict]]] = {}
+    for row in per_gpu:
+        by_key.setdefault(row["key"], {}).setdefault(row["source"], []).append(row)
+    out = {}
+    for w in windows:
+        sources = by_key.get(w["key"], {})
+        host_list = hosts.get(w["key"], [])
+        source = "telemetry" if "telemetry" in sources else "tracker"
+        rows = sources.get(source, [])
+        if not rows:
+            out[w["key"]] = Usage(
+                "no data",
+                gpus=w["gpus"],
+                hosts=host_list,
+                why=f"no GPU telemetry for its hosts ({', '.join(host_list) or 'unknown'})",
+            )
+            continue
+        if source == "telemetry" and w["key"] in shared and len(rows) > w["gpus"]:
+            out[w["key"]] = Usage(
+                "ambiguous",
+                source,
+                w["gpus"],
+                hosts=host_list,
+                samples=sum(r["samples"] for r in rows),
+                why=(
+                    f"ambiguous: another job shared its hosts ({', '.join(host_list)}) and "
+                    "the telemetry cannot tell the jobs' GPUs apart"
+                ),
+            )
+            continue
+        chosen = sorted(rows, key=lambda r: (-(r["util"] or 0), r["host"], r["gpu"]))[: w["gpus"]]
+        activity = sorted(
+            (
+                GpuActivity(
+                    r["host"],
+                    r["gpu"],
+                    float(r["util"] or 0.0),
+                    r["mem"],
+                    r["mem_total"],
+                    r["samples"],
+                )
+                for r in chosen
+            ),
+            key=lambda g: (g.host, g.gpu),
+        )
+        out[w["key"]] = _from_activity(source, w["gpus"], activity, host_list, rows[0]["model"])
+    return out
+
+
+def _from_activity(
+    source: str, gpus: int, activity: list[GpuActivity], hosts: list[str], model: str | None
+) -> Usage:
+    mems = [g.mem for g in activity if g.mem is not None]
+    totals = [g.mem_total for g in activity if g.mem_total]
+    return Usage(
+        "ok",
+        source,
+        gpus,
+        per_gpu=activity,
+        mean_util=sum(g.util for g in activity) / len(activity),
+        util_ceiling=max(g.util for g in activity),
+        peak_mem_mib=max(mems) if mems else None,
+        mem_total_mib=max(totals) if totals else None,
+        samples=sum(g.samples for g in activity),
+        model=model,
+        hosts=hosts,
+    )
+
+
+def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
+    """Usage of runs outside Slurm from the GPU samples they logged themselves (W&B), else
+    from their ``system/gpu_N_*`` metric histories (MLflow)."""
+    if not allocations:
+        return {}
+    keys = pl.DataFrame(
+        [(a.run.source_id, a.run.run_id, _key(a)) for a in allocations],
+        schema=["source_id", "run_id", "key"],
+        orient="row",
+    )
+    con.register("audit_runs", keys)
+    try:
+        rows = _rows(
+            con,
+            r"""
+            WITH own AS (
+                SELECT k.key, s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
+                       max(s.mem_total_mib) AS mem_total, count(*) AS samples,
+                       any_value(s.model) AS model
+                FROM gpu_samples s JOIN audit_runs k USING (source_id, run_id)
+                WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
+                GROUP BY ALL
+            ),
+            points AS (
+                SELECT k.key, regexp_extract(m.key, '^system/gpu_(\d+)_', 1) AS gpu,
+                       regexp_extract(m.key, '^system/gpu_\d+_(.*)$', 1) AS field, m.value
+                FROM metrics m JOIN audit_runs k USING (source_id, run_id)
+                WHERE starts_with(m.key, 'system/gpu_') AND NOT isnan(m.value)
+                  AND NOT EXISTS (SELECT 1 FROM own o WHERE o.key = k.key)
+            ),
+            logged AS (
+                SELECT key, '' AS host, gpu,
+                       avg(value) FILTER (WHERE field = 'utilization_percentage') AS util,
+                       max(value) FILTER (WHERE field = 'memory_usage_megabytes') AS mem,
+                       max(value) FILTER (WHERE field = 'memory_usage_megabytes')
+                           / nullif(max(value) FILTER (WHERE field = 'memory_usage_percentage'), 0)
+                           * 100 AS mem_total,
+                       count(*) FILTER (WHERE field = 'utilization_percentage') AS samples,
+                       NULL AS model
+                FROM points WHERE gpu <> '' GROUP BY ALL
+            )
+            SELECT * FROM own UNION ALL SELECT * FROM logged ORDER BY key, host, gpu
+            """,
+        )
+    finally:
+        con.unregister("audit_runs")
+    grouped: dict[str, list[GpuActivity]] = {}
+    models: dict[str, str | None] = {}
+    for row in rows:
+        if row["util"] is None:
+            continue
+        grouped.setdefault(row["key"], []).append(
+            GpuActivity(
+                row["host"],
+                row["gpu"],
+                float(row["util"]),
+                row["mem"],
+                row["mem_total"],
+                row["samples"],
+            )
+        )
+        models.setdefault(row["key"], row["model"])
+    return {
+        a_key: _from_activity(
+            "tracker",
+            len(activity),
+            activity,
+            sorted({g.host for g in activity if g.host}),
+            models[a_key],
+        )
+        for a_key, activity in grouped.items()
+    }
+
+
+def _sacct_usage(job: JobFacts) -> Usage | None:
+    util = job.extra.get("max_gpu_util_pct")
+    if util is None or not math.isfinite(util):
+        return None
+    mem = job.extra.get("max_gpu_mem_bytes")
+    return Usage(
+        "ok",
+        "sacct",
+        job.gpus,
+        per_gpu=None,
+        mean_util=None,
+        util_ceiling=float(util),
+        peak_mem_mib=mem / 2**20 if mem is not None else None,
+        hosts=job.hosts,
+        model=job.gpu_type,
+    )
+
+
+def _jobstats_usage(job: JobFacts) -> Usage | None:
+    summary = parse_jobstats(job.extra.get("admin_comment"))
+    if summary is None:
+        return None
+    activity = []
+    for host, node in sorted((summary.get("nodes") or {}).items()):
+        if not isinstance(node, dict):
+            continue
+        utils = node.get("gpu_utilization") or {}
+        used = node.get("gpu_used_memory") or {}
+        total = node.get("gpu_total_memory") or {}
+        if not isinstance(utils, dict):
+            continue
+        for gpu, value in sorted(utils.items()):
+            if not _finite(value):
+                continue
+            activity.append(
+                GpuActivity(
+                    str(host),
+                    str(gpu),
+                    float(value),
+                    used.get(gpu) / 2**20
+                    if isinstance(used, dict) and _finite(used.get(gpu))
+                    else None,
+                    total.get(gpu) / 2**20
+                    if isinstance(total, dict) and _finite(total.get(gpu))
+                    else None,
+                )
+            )
+    if not activity:
+        return None
+    return _from_activity("jobstats", job.gpus, activity, job.hosts, job.gpu_type)
+
+
+def parse_jobstats(text: str | None) -> dict | None:
+    """The JSON summary jobstats stores as ``JS1:<base64 of gzip>``; None when absent or bad."""
+    if not text or not isinstance(text, str) or not text.startswith(JOBSTATS_PREFIX):
+        return None
+    try:
+        packed = base64.b64decode("".join(text[len(JOBSTATS_PREFIX) :].split()), validate=True)
+        with gzip.GzipFile(fileobj=io.BytesIO(packed)) as stream:
+            raw = stream.read(JOBSTATS_MAX_BYTES + 1)
+        if len(raw) > JOBSTATS_MAX_BYTES:
+            return None
+        data = json.loads(raw)
+    except (binascii.Error, OSError, EOFError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rows(con, sql: str, params: list | None = None) -> list[dict]:
+    cursor = con.execute(sql, params or [])
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

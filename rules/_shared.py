@@ -1,0 +1,38 @@
+"""Facts several rules read the same way, computed once per scan through the context."""
+
+from __future__ import annotations
+
+from audit.recipes import Recipes, shared_recipes
+from audit.rule_api import RuleContext
+from audit.rule_registry import effective_thresholds, get_rule
+
+
+def recipes(ctx: RuleContext) -> Recipes:
+    """Recipes, baselines and benchmark values (``audit.recipes``), loaded once per scan."""
+    return shared_recipes(ctx.con, ctx.config, ctx.facts, ctx.shared)
+
+
+def regressed_runs(ctx: RuleContext) -> dict[tuple, dict[str, float]]:
+    """Runs whose latest general benchmarks fell below their baseline by more than REG002's
+    tolerance, with the changes beyond it (what REG002 reports)."""
+
+    def compute():
+        tolerance = effective_thresholds(get_rule("REG002"), ctx.config)["tolerance"]
+        found = recipes(ctx)
+        out = {}
+        for run in ctx.facts.runs:
+            outcome = found.outcome(run)
+            if outcome is None or found.is_baseline(run):
+                continue
+            drops = {k: v for k, v in outcome.general.items() if v < -tolerance}
+            if drops:
+                out[run.key] = drops
+        return out
+
+    return ctx.once(("regressed-runs",), compute)
+
+
+def is_training(ctx: RuleContext, run) -> bool:
+    """Not an evaluation run (``[attribution] eval_methods``) and not a baseline."""
+    eval_methods = set(ctx.config.values["attribution"]["eval_methods"])
+    return (run.method or "") not in eval_methods and not recipes(ctx).is_baseline(run)

@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
+
+from ._shared import is_training, recipes, regressed_runs
+from ._stability import unstable_runs
+
+BAD_JOB_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
+
+
+class NoPilotRun(Rule):
+    """A large run of a recipe nobody had tried at a smaller size first.
+
+    What it detects:
+    Training runs of at least `large_gpus` GPUs or `large_gpu_hours` GPU-hours whose
+    configuration family (`[attribution] family_keys`, default method, base model and
+    dataset) had no earlier, smaller run: no pilot. When the large run then failed, was
+    killed, showed a training instability (STB001) or regressed (REG002), the finding
+    claims its cost minus what a pilot would have cost (`pilot_gpus` GPUs for
+    `pilot_hours`). Otherwise it is a hint that names the GPU-hours that were at risk.
+
+    Why it is waste:
+    A configuration error, a diverging learning rate or a missing dataset field shows up
+    in the first hour at 8 GPUs as well as at 512; found at full scale it costs the whole
+    allocation. A pilot buys that knowledge for a small fraction of the price.
+
+    Known false positives:
+    Recipes piloted under another method, base model or dataset name (align the names, or
+    set `[attribution] family_keys`), pilots run outside the tracker, and failures that had
+    nothing to do with the recipe (a node failure: tag the run `audit.ignore=PIL001`).
+
+    Example:
+    `rl-llama-tools-grpo` (RL, llama3.1-8b, toolcalls-v1) ran 30 h on 8 GPUs as the first
+    run of its family and failed: 240 GPU-h − a pilot's 8 GPUs × 1 h = 232 GPU-h.
+
+    How to fix:
+    Launch every new recipe first at one node for an hour (a few hundred steps), check its
+    loss, KL and throughput, then scale it up.
+
+    References:
+    Issue 17 (pilot experiments before large ones: monitoring and governance advice for
+    post-training teams).
+    """
+
+    code = "PIL001"
+    name = "no-pilot-run"
+    severity = Severity.HIGH
+    family_label = "missing pilots"
+    needs = {"runs": "no runs imported"}
+    thresholds = {
+        "large_gpus": Threshold(
+            32,
+            "a run on at least this many GPUs is large (four 8-GPU nodes: multi-node)",
+            1,
+            unit="GPUs",
+        ),
+        "large_gpu_hours": Threshold(
+            256,
+            "a run of at least this many GPU-hours is large (one 8-GPU node for 32 h)",
+            0,
+            unit="GPU-h",
+        ),
+        "pilot_gpus": Threshold(
+            8, "GPUs of the pilot the large run should have had (one node)", 1, unit="GPUs"
+        ),
+        "pilot_hours": Threshold(
+            1.0,
+            "duration of that pilot (start-up, a few hundred steps and a checkpoint)",
+            0,
+            unit="h",
+        ),
+    }
+    recommendation = "Pilot a new recipe at one node for an hour before launching it at scale."
+
+    def check(self, ctx: RuleContext):
+        found = recipes(ctx)
+        unstable = unstable_runs(ctx)
+        regressed = regressed_runs(ctx)
+        large_gpus, large_hours = ctx.thresholds["large_gpus"], ctx.thresholds["large_gpu_hours"]
+        runs = [r for r in ctx.facts.runs if r.lifecycle_stage == "active" and is_training(ctx, r)]
+        families: dict[tuple, list] = {}
+        for run in runs:
+            family = tuple(sorted(found.family(run).items()))
+            families.setdefault(family, []).append(run)
+        for run in runs:
+            if not ctx.window.contains(run.start_time) or run.start_time is None:
+                continue
+            cost = run.cost
+            if not cost.known:
+                continue  # its size is unknown: nothing to judge
+            if cost.gpus < large_gpus and cost.gpu_hours < large_hours:
+                continue
+            family = dict(found.family(run))
+            pilots = [
+                other
+                for other in families[tuple(sorted(family.items()))]
+                if other.key != run.key
+                and other.start_time is not None
+                and other.start_time < run.start_time
+                and (not other.cost.known or other.cost.gpu_hours < cost.gpu_hours)
+            ]
+            if pilots:
+                continue
+            outcome = _outcome(run, unstable, regressed)
+            pilot_gpus = min(ctx.thresholds["pilot_gpus"], cost.gpus)
+            pilot_hours = min(ctx.thresholds["pilot_hours"], cost.hours)
+            pilot = pilot_gpus * pilot_hours
+            size = f"{cost.gpus:g} GPUs × {cost.hours:.2f} h = {cost.gpu_hours:.1f} GPU-h"
+            large = f"large: ≥ {large_gpus:g} GPUs or ≥ {large_hours:g} GPU-h"
+            recipe = ", ".join(f"{k}={v}" for k, v in family.items())
+            evidence = {
+                "family": family,
+                "size": size,
+                "large_when": large,
+                "earlier_runs_of_family": 0,
+                "outcome": outcome,
+                "cost_basis": cost.basis,
+            }
+            if outcome is None:
+                evidence["gpu_hours_at_risk"] = round(cost.gpu_hours, 3)
+                evidence["formula"] = "hint only: the run went well, no waste is claimed"
+                yield self.finding(
+                    subject={"run_id": run.run_id, "run_name": run.name},
+                    message=(
+                        f"run {run.name!r} ({size}, {large}) was the first run of its recipe "
+                        f"({recipe}): {cost.gpu_hours:.1f} GPU-h were at risk without a pilot"
+                    ),
+                    evidence=evidence,
+                    severity=Severity.INFO,
+                    team=run.team,
+                    method=run.method,
+                    happened_at=run.start_time,
+                )
+                continue
+            waste = max(cost.gpu_hours - pilot, 0.0)
+            evidence["pilot"] = f"{pilot_gpus:g} GPUs × {pilot_hours:.2f} h = {pilot:.1f} GPU-h"
+            evidence["formula"] = (
+                f"{cost.gpu_hours:.2f} GPU-h of the run − {pilot:.2f} GPU-h of a pilot = "
+                f"{cost.formula(waste)}"
+            )
+            yield self.finding(
+                subject={"run_id": run.run_id, "run_name": run.name},
+                message=(
+                    f"run {run.name!r} ({size}, {large}) was the first run of its recipe "
+                    f"({recipe}) and {outcome}: no smaller run had tried it"
+                ),
+                evidence=evidence,
+                gpu_hours=waste,
+                usd=waste * cost.price,
+                cost_basis=cost.basis,
+                team=run.team,
+                method=run.method,
+                happened_at=run.start_time,
+            )
+
+
+def _outcome(run, unstable: dict, regressed: dict) -> str | None:
+    """How the large run went wrong, or None when it did not."""
+    if run.status in ("FAILED", "KILLED"):
+        return f"ended {run.status}"
+    if run.job_state in BAD_JOB_STATES:
+        return f"its Slurm job ended {run.job_state}"
+    if run.key in unstable:
+        signal = unstable[run.key][0]
+        return f"went unstable ({signal.kind} in {signal.metric} at step {signal.onset_step})"
+    if run.key in regressed:
+        worst = min(regressed[run.key].items(), key=lambda kv: kv[1])
+        return f"regressed ({worst[0]} {worst[1]:+.3f} against its baseline)"
+    return None

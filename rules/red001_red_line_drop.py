@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+from audit.recipes import red_line_tolerance
+from audit.rule_api import Rule, RuleContext, Severity, Skip
+
+from ._metrics import lookalike_metrics
+from ._shared import is_training, recipes
+
+# Words of metric names that look like red-line benchmarks: named when the globs match nothing.
+RED_LINE_WORDS = (
+    "safety",
+    "safe",
+    "harm",
+    "harmful",
+    "harmless",
+    "toxic",
+    "toxicity",
+    "refusal",
+    "refuse",
+    "jailbreak",
+    "bias",
+    "privacy",
+    "redteam",
+)
+
+
+class RedLineDrop(Rule):
+    """A red-line metric (safety, refusal, ...) fell below the baseline: critical, always.
+
+    What it detects:
+    Runs whose latest value of a `[metrics] red_lines` metric (default `eval/safety/*`) is
+    below the baseline's (the run tagged `audit.baseline=true` with the same base model) by
+    more than that metric's own tolerance: 0 unless `[metrics] red_line_tolerances` gives
+    one. The general tolerance of REG002 and `audit gate --tolerance` never apply to red
+    lines, and `audit gate` fails on such a drop. When the metric history crossed the line
+    while training went on, the GPU-hours after the crossing are what a gate would have
+    saved. Red lines are higher-is-better numbers (refusal rate on harmful prompts,
+    harmlessness score). When no metric of any run matches the globs the rule says so once
+    (skipped, naming the metrics that look like red lines).
+
+    Why it is waste:
+    A model that crossed a red line cannot ship whatever it gained on its task: its
+    training is redone, and everything after the crossing bought nothing.
+
+    Known false positives:
+    Lower-is-better metrics (a toxicity rate) under the red-line globs: log them as
+    higher-is-better or leave them out of `[metrics] red_lines`; evaluation noise on small
+    suites (give the metric a tolerance in `[metrics] red_line_tolerances`).
+
+    Example:
+    `sft-llama-chat-mix`: `eval/safety/harmful_refusal` 0.948 → 0.901 (−0.047, tolerance 0)
+    against `base-llama-eval`, crossed at step 500 of 1500; 4 GPUs × 2 h after the crossing.
+
+    How to fix:
+    Mix safety data into the training set, evaluate the red lines every N steps and stop
+    on the first drop (`audit gate RUN_ID --refresh` in the training loop).
+
+    References:
+    Qi et al., "Fine-tuning Aligned Language Models Compromises Safety, Even When Users Do
+    Not Intend To!" (2023); issue 17 (red-line metrics).
+    """
+
+    code = "RED001"
+    name = "red-line-drop"
+    severity = Severity.CRITICAL
+    family_label = "red-line metrics"
+    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    recommendation = (
+        "Stop the run, mix safety data in and gate every evaluation on the red lines (audit gate)."
+    )
+
+    def check(self, ctx: RuleContext):
+        globs = ctx.metric_globs("red_lines")
+        if not globs:
+            raise Skip("no [metrics] red_lines configured: there is no red line to hold")
+        found = recipes(ctx)
+        if not any(found.values(run, "red_lines") for run in ctx.facts.runs):
+            lookalikes = lookalike_metrics(ctx, RED_LINE_WORDS, substrings=("safe",))
+            seen = (
+                "metric names that look like red lines here: "
+                + ", ".join(f"{k} ({n} runs)" for k, n in lookalikes)
+                if lookalikes
+                else "no metric name here looks like one either"
+            )
+            raise Skip(
+                f"no metric of any run matches [metrics] red_lines globs {', '.join(globs)}; "
+                f"{seen}. Set [metrics] red_lines to the names of your red-line metrics"
+            )
+        unjudged: dict[str | None, list] = {}
+        for run in ctx.facts.runs:
+            values = found.values(run, "red_lines")
+            if (
+                not values
+                or run.lifecycle_stage != "active"
+                or not is_training(ctx, run)
+                or not ctx.window.contains(run.start_time)
+            ):
+                continue
+            baseline = found.baseline_of(run)
+            reference = found.values(baseline, "red_lines") if baseline else {}
+            shared = sorted(set(values) & set(reference))
+            if not shared:
+                unjudged.setdefault(run.base_model, []).append(run)
+                continue
+            drops = {}
+            for metric in shared:
+                allowed = red_line_tolerance(ctx.config, metric)
+                change = values[metric] - reference[metric]
+                if change < -allowed - 1e-12:
+                    drops[metric] = {
+                        "baseline": round(reference[metric], 6),
+                        "current": round(values[metric], 6),
+                        "change": round(change, 6),
+                        "tolerance": allowed,
+                    }
+            if drops:
+                yield self._finding(ctx, run, baseline, reference, drops)
+        for base_model, runs in sorted(unjudged.items(), key=lambda kv: str(kv[0])):
+            names = ", ".join(repr(r.name) for r in runs[:3]) + (
+                f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+            )
+            ctx.note(
+                f"{len(runs)} run(s) of base model {base_model!r} with red-line metrics have no "
+                f"baseline logging them ({names}): evaluate the base model on the red lines"
+            )
+
+    def _finding(self, ctx, run, baseline, reference, drops):
+        crossing = _crossing(ctx, run, {m: reference[m] - d["tolerance"] for m, d in drops.items()})
+        worst_metric, worst = min(drops.items(), key=lambda kv: kv[1]["change"])
+        evidence = {
+            "baseline_run": {"run_id": baseline.run_id, "name": baseline.name},
+            "drops": drops,
+            "red_line_globs": ctx.metric_globs("red_lines"),
+        }
+        gpu_hours: float | None = 0.0
+        usd: float | None = 0.0
+        run_hours = None
+        end = run.job_end or run.last_seen
+        if crossing is not None and end is not None and crossing["ts"] < end:
+            after = (end - crossing["ts"]).total_seconds() / 3600
+            gpu_hours, usd = run.cost.part(after)
+            evidence["crossed_at"] = {"step": crossing["step"], "time": crossing["ts"]}
+            if gpu_hours is None:
+                run_hours = after
+                evidence["formula"] = (
+                    f"{after:.2f} run-hours after the crossing (until {end:%Y-%m-%d %H:%M}); "
+                    f"{run.cost.basis}: no GPU-hour or dollar figure"
+                )
+            else:
+                evidence["formula"] = (
+                    f"{run.cost.gpus:g} GPUs × {after:.2f} h after the crossing "
+                    f"(until {end:%Y-%m-%d %H:%M}) = {run.cost.formula(gpu_hours)}"
+                )
+        else:
+            evidence["formula"] = (
+                "the drop is visible only in the final value: no gate savings claimed"
+            )
+        more = f"; {len(drops)} red-line metrics dropped" if len(drops) > 1 else ""
+        return self.finding(
+            subject={"run_id": run.run_id, "run_name": run.name},
+            message=(
+                f"run {run.name!r}: red line {worst_metric} {worst['baseline']:.3f} → "
+                f"{worst['current']:.3f} ({worst['change']:+.3f}, tolerance "
+                f"{worst['tolerance']:g}) against baseline {baseline.name!r}{more}"
+            ),
+            evidence=evidence,
+            gpu_hours=gpu_hours,
+            usd=usd,
+            run_hours=run_hours,
+            cost_basis=run.cost.basis,
+            team=run.team,
+            method=run.method,
+            happened_at=run.start_time,
+        )
+
+
+def _crossing(ctx: RuleContext, run, limits: dict[str, float]) -> dict | None:
+    """The first logged point at which a dropped red-line metric was below its limit."""
+    cases = " ".join("WHEN key = ? THEN ?" for _ in limits)
+    row = ctx.rows(
+        f"""
+        SELECT ts, step FROM metrics
+        WHERE source_id = ? AND run_id = ? AND list_contains(?, key) AND ts IS NOT NULL
+          AND value < (CASE {cases} END) - 1e-12
+        ORDER BY ts, step LIMIT 1
+        """,
+        [
+            run.source_id,
+            run.run_id,
+            list(limits),
+            *[x for k, v in limits.items() for x in (k, v)],
+        ],
+    )
+    return row[0] if row else None

@@ -1,0 +1,200 @@
+from __future__ import annotations
+
+from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
+
+from ._metrics import lookalike_metrics
+from ._stability import (
+    KINDS,
+    LOOKALIKE_WORDS,
+    chart_points,
+    chosen_series,
+    series_points,
+    unstable_runs,
+)
+
+
+class UnstableTraining(Rule):
+    """Training went unstable (loss spike, NaN, KL blow-up, entropy or reward collapse) and went on.
+
+    What it detects:
+    Runs whose metric history shows an instability that lasted: a NaN or infinite loss or
+    grad norm; a loss or grad norm at least `loss_spike_factor` / `grad_norm_factor` times
+    its running median; a KL divergence at least `kl_factor` times its running median and
+    above `kl_floor`; an entropy at or below `entropy_collapse_fraction` of its early
+    level; a reward fallen below its early level by more than `reward_drop_fraction` of the
+    range it had spanned; more than `truncation_max` of the responses cut at the length
+    limit; more than `policy_clip_max` of the tokens clipped by the PPO trust region. The
+    first `warmup_points` points are never an onset, and a signal counts only when it held
+    for `sustain_points` logged points (or to the run's last point): a spike that recovered
+    is not flagged. Metric names come from `[metrics] loss`, `grad_norm`, `kl`, `entropy`,
+    `reward`, `truncation` and `policy_clip`, whose defaults cover TRL, verl, OpenRLHF,
+    NeMo-RL and Megatron naming. When no metric matches any of them the rule says so
+    once (skipped, naming the metrics that look like them).
+
+    Why it is waste:
+    A run that diverged at step 800 and trained on for two more days bought nothing after
+    the onset: its checkpoints after the blow-up are thrown away and the run is redone. The
+    waste is the allocation's GPU-hours from the onset plus `grace_hours` (time for a person
+    or an alert to react) to the run's end; a run stopped within the grace window is not
+    flagged.
+
+    Known false positives:
+    A deliberate change of phase that moves a series (a new data mix, a learning-rate
+    restart, an intended entropy drop in late RL), or very noisy rewards (raise
+    `reward_drop_fraction`); tag the run `audit.ignore=STB001`. A KL estimator that logs
+    per-sequence sums (larger numbers) may need a higher `kl_floor`.
+
+    Example:
+    `rl-qwen-grpo-lr5e-6`: `train/kl` 0.84 at step 360 (≥ 10 × running median 0.021 and
+    ≥ 0.1), still above at the next points; training ran 6.5 h more on 8 GPUs: 8 × (10.0 h −
+    3.0 h − 1 h grace) = 48 GPU-h.
+
+    How to fix:
+    Stop the run at the onset (an alert on these series, or `audit gate` style checks in
+    the training loop), resume from the last checkpoint before it with a lower learning
+    rate, a larger KL coefficient or tighter clipping; raise the response length limit when
+    truncation is the signal.
+
+    References:
+    Megatron-LM's rerun state machine (spiky loss: 10 × the largest loss seen);
+    TRL logging guide (values to watch for stability: diverging or collapsing to 0);
+    verl `response_length/clip_ratio`; Yu et al., "DAPO" (2025), on entropy collapse.
+    """
+
+    code = "STB001"
+    name = "unstable-training"
+    severity = Severity.HIGH
+    family_label = "unstable training"
+    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    thresholds = {
+        "warmup_points": Threshold(
+            5, "logged points at the start that are never an onset (early steps move fast)", 0
+        ),
+        "sustain_points": Threshold(
+            3,
+            "consecutive abnormal points that make a signal (a spike that recovers, e.g. a skipped fp16 overflow step, is not one)",
+            1,
+        ),
+        "grace_hours": Threshold(
+            1.0, "time for an alert and a person to react after the onset: not waste", 0, unit="h"
+        ),
+        "loss_spike_factor": Threshold(
+            10.0, "loss ≥ this × its running median (Megatron-LM SPIKY_LOSS_FACTOR = 10)", 1
+        ),
+        "grad_norm_factor": Threshold(
+            10.0, "grad norm ≥ this × its running median (Megatron-LM's spiky-loss factor)", 1
+        ),
+        "kl_factor": Threshold(
+            10.0,
+            "KL ≥ this × its running median and ≥ kl_floor (Megatron-LM's spiky-loss factor)",
+            1,
+        ),
+        "kl_floor": Threshold(
+            0.1,
+            "a KL below this is never a blow-up (the top of the 0.01-0.1 per-token KL RLHF runs keep)",
+            0,
+            unit="nats",
+        ),
+        "entropy_collapse_fraction": Threshold(
+            0.1,
+            "entropy ≤ this × its early (warm-up) median: near zero is collapse (TRL logging guide, DAPO); relative because token entropy differs by model",
+            0,
+            1,
+        ),
+        "reward_drop_fraction": Threshold(
+            0.5,
+            "reward below its early median by this × the range it had spanned (half its progress lost and more)",
+            0,
+        ),
+        "truncation_max": Threshold(
+            0.1,
+            "share of responses cut at the length limit (verl response_length/clip_ratio guidance)",
+            0,
+            1,
+        ),
+        "policy_clip_max": Threshold(
+            0.3,
+            "share of tokens clipped by the trust region (PPO clip fractions of 0.1-0.3 are usual; TRL: high clipfrac means too drastic updates)",
+            0,
+            1,
+        ),
+    }
+    recommendation = "Alert on the stability series and stop at the onset; resume from the last good checkpoint with safer settings."
+
+    def check(self, ctx: RuleContext):
+        if not chosen_series(ctx):
+            globs = [g for kind in KINDS for g in ctx.metric_globs(kind)]
+            lookalikes = lookalike_metrics(ctx, LOOKALIKE_WORDS, substrings=())
+            seen = (
+                "metric names that look like training-stability series here: "
+                + ", ".join(f"{k} ({n} runs)" for k, n in lookalikes)
+                if lookalikes
+                else "no metric name here looks like one either"
+            )
+            raise Skip(
+                f"no metric of any run matches the [metrics] loss, grad_norm, kl, entropy, "
+                f"reward, truncation or policy_clip globs ({len(globs)} globs); {seen}. "
+                "Set those keys to the names your trainer logs"
+            )
+        unstable = unstable_runs(ctx)
+        eval_methods = set(ctx.config.values["attribution"]["eval_methods"])
+        grace = ctx.thresholds["grace_hours"]
+        for run in ctx.facts.runs:
+            signals = unstable.get(run.key)
+            if (
+                not signals
+                or (run.method or "") in eval_methods
+                or not ctx.window.contains(run.start_time)
+            ):
+                continue
+            first = signals[0]
+            end = run.job_end or run.last_seen
+            if end is None:
+                ctx.note(f"run {run.name!r}: no end time, the hours after the onset are unknown")
+                continue
+            after = (end - first.onset_time).total_seconds() / 3600 - grace
+            if after <= 0:
+                continue  # stopped within the grace window: what should happen
+            gpu_hours, usd = run.cost.part(after)
+            span = (
+                f"{after:.2f} h from the onset at {first.onset_time:%Y-%m-%d %H:%M} + "
+                f"{grace:g} h grace to the end at {end:%Y-%m-%d %H:%M}"
+            )
+            formula = (
+                f"{run.cost.gpus:g} GPUs × {span} = {run.cost.formula(gpu_hours)}"
+                if gpu_hours is not None
+                else f"{span}; {run.cost.basis}: no GPU-hour or dollar figure"
+            )
+            key = first.metric
+            points = series_points(ctx)[run.key][key]
+            more = f"; {len(signals) - 1} more signal(s)" if len(signals) > 1 else ""
+            yield self.finding(
+                subject={"run_id": run.run_id, "run_name": run.name},
+                message=(
+                    f"run {run.name!r}: {first.kind} in {first.metric} at step {first.onset_step} "
+                    f"({_value(first.value)}, {first.test}) and training went on for "
+                    f"{after + grace:.1f} h{more}"
+                ),
+                evidence={
+                    "signals": [s.as_json() for s in signals],
+                    "grace_hours": grace,
+                    "trained_on_hours": round(after, 3),
+                    "chart": {
+                        "metric": key,
+                        "onset_step": first.onset_step,
+                        "points": chart_points(points),
+                    },
+                    "formula": formula,
+                },
+                gpu_hours=gpu_hours,
+                usd=usd,
+                run_hours=after if gpu_hours is None else None,
+                cost_basis=run.cost.basis,
+                team=run.team,
+                method=run.method,
+                happened_at=first.onset_time,
+            )
+
+
+def _value(value: float) -> str:
+    return f"{value:.4g}" if value == value and abs(value) != float("inf") else str(value)
