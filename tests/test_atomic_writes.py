@@ -48,7 +48,8 @@ def _leftovers(folder: Path) -> list[str]:
     ("args", "limit"),
     [
         (("report", "weekly", "--week", "2026-W47", "--output"), 16_000),  # ~100 KB of HTML
-        (("scan", "--format", "json", "--output"), 24_000),  # ~30 KB of JSON
+        # ~48 KB of JSON; the stored scan's ~40 KB of warehouse log is written first
+        (("scan", "--format", "json", "--output"), 44_000),
         (("prune", "--plan"), 4_000),  # ~10 KB plan
     ],
     ids=["report", "scan", "plan"],
@@ -71,6 +72,21 @@ def test_a_write_stopped_by_a_full_disk_leaves_the_previous_file(
     )
     assert out.read_text() == PREVIOUS
     assert _leftovers(out.parent) == []
+
+
+def test_a_warehouse_write_stopped_by_a_full_disk_is_an_input_error(fresh_demo_db):
+    """DuckDB's own log write failing at commit: exit 2 saying nothing was stored, and
+    the warehouse reads as before."""
+    db, config = fresh_demo_db["db"], fresh_demo_db["config"]
+    result = _audit(db, config, "scan", "--format", "json", limit=8_000)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"Error: cannot write the warehouse {db}: File too large; nothing of this command "
+        "was stored (free some space and run it again)"
+    )
+    again = _audit(db, config, "scan", "--format", "json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["scan"]["id"] == 1  # the failed scan left no trace
 
 
 def test_an_export_stopped_by_a_full_disk_leaves_no_folder(fresh_demo_db, tmp_path):
