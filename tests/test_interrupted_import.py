@@ -6,6 +6,7 @@ import random
 import signal
 import tarfile
 import time
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -78,6 +79,20 @@ def test_kill_9_mid_import_leaves_warehouse_unchanged(big_store, tmp_path):
     assert after["import_log"] == before["import_log"] + 1
 
 
+def wait_until_loading_the_cli(proc) -> None:
+    """Until DuckDB's library is mapped into the process: the CLI is loading, after
+    audit.entry installed its SIGINT handler."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if "duckdb" in maps.read_text(errors="replace"):
+                return
+        except OSError:  # ended meanwhile
+            return
+        time.sleep(0.002)
+
+
 def test_ctrl_c_anywhere_in_an_import_rolls_back(big_store, tmp_path):
     """Ctrl-C while modules load, while reading the store, inside DuckDB statements and
     Arrow scans (which wrap the KeyboardInterrupt in their own errors): always exit 130
@@ -97,10 +112,12 @@ def test_ctrl_c_anywhere_in_an_import_rolls_back(big_store, tmp_path):
 
     interrupted = 0
     for step in range(8):
-        # From just after interpreter start-up (earlier, Python itself prints the
-        # traceback) to near the end of the import.
-        delay = 0.15 + step * (full_import_seconds * 0.9 - 0.15) / 7
+        # From the moment the CLI's modules load (earlier, Python's own start-up prints its
+        # traceback; on a loaded machine that takes longer than any fixed delay) to near
+        # the end of the import.
+        delay = step * full_import_seconds * 0.9 / 7
         proc = audit_process(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
+        wait_until_loading_the_cli(proc)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate()
