@@ -15,8 +15,27 @@ import duckdb
 import requests
 
 REPO = Path(__file__).resolve().parent.parent
-# The real files sit beside the main checkout; a worktree elsewhere points AUDIT_REALDATA there.
-SHARED = Path(os.environ.get("AUDIT_REALDATA", REPO.parent / "shared" / "realdata"))
+# The real files sit beside the main checkout; a worktree elsewhere points AUDIT_REALDATA
+# there (a git worktree one level deeper finds them by itself).
+SHARED = Path(
+    os.environ.get("AUDIT_REALDATA")
+    or next(
+        (
+            p / "shared" / "realdata"
+            for p in (REPO.parent, REPO.parent.parent)
+            if (p / "shared" / "realdata").is_dir()
+        ),
+        REPO.parent / "shared" / "realdata",
+    )
+)
+
+
+def property_examples(replay: int, explore: int) -> int:
+    """Examples of a property test: few in `make test` (the replay profile), many in
+    `make fuzz` (explore); AUDIT_PROPERTY_EXAMPLES overrides both."""
+    if os.environ.get("AUDIT_PROPERTY_EXAMPLES"):
+        return int(os.environ["AUDIT_PROPERTY_EXAMPLES"])
+    return explore if os.environ.get("AUDIT_HYPOTHESIS") == "explore" else replay
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from audit import interrupts
+from audit import atomic, interrupts
 from audit.cli import AppContext, cli, pass_app
 from audit.cli.output import safe, table
 from audit.errors import AuditError
@@ -131,17 +131,23 @@ def gate_command(
     help="Delete what this plan lists, after re-checking each entry.",
 )
 @click.option(
+    "--include-orphans",
+    is_flag=True,
+    help="Also plan orphan checkpoints (CKP003: no run claims them), never a folder's best or last.",
+)
+@click.option(
     "--manifest",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Where --apply records what it deleted and skipped (default: PLAN.manifest.jsonl).",
 )
 @pass_app
-def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
+def prune_command(app: AppContext, plan_path, apply_path, include_orphans, manifest) -> None:
     """Delete reclaimable checkpoints: plan first, then apply the plan (nothing else is ever deleted).
 
     Without options it prints what a plan would contain (a dry run). Best, last and
-    registered checkpoints are never planned; symlinks are never followed; anything
-    changed since planning, or outside an ingested checkpoint root, is skipped.
+    registered checkpoints are never deleted, orphans only with --include-orphans;
+    --apply re-checks every entry against the warehouse and the files, whatever the
+    plan says, and skips anything changed since planning or outside its root.
 
     \b
     Example:
@@ -153,12 +159,19 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
 
     if plan_path and apply_path:
         raise click.UsageError("--plan and --apply are separate steps: plan, review, then apply")
+    if apply_path and include_orphans:
+        raise click.UsageError(
+            "--include-orphans belongs to the planning step: audit prune --include-orphans --plan FILE"
+        )
     if apply_path:
         manifest = manifest or apply_path.with_name(apply_path.name + ".manifest.jsonl")
-        summary = apply_plan(apply_path, app.db_path, manifest)
+        summary = apply_plan(apply_path, app.db_path, manifest, app.config)
         for outcome in summary["outcomes"]:
-            if outcome["status"] == "skipped":
-                click.echo(f"skipped {safe(outcome['path'])}: {safe(outcome['reason'])}", err=True)
+            if outcome["status"] != "deleted":
+                click.echo(
+                    f"{outcome['status']} {safe(outcome['path'])}: {safe(outcome['reason'])}",
+                    err=True,
+                )
         click.echo(
             f"deleted {summary['deleted']} entries ({summary['freed_bytes'] / 1e9:,.1f} GB freed), "
             f"skipped {summary['skipped']}; manifest {manifest}"
@@ -173,7 +186,7 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
             )
             raise click.exceptions.Exit(interrupts.EXIT_INTERRUPTED)
         return
-    plan = make_plan(app.db_path, app.config)
+    plan = make_plan(app.db_path, app.config, include_orphans)
     for entry in plan["entries"]:
         click.echo(
             f"{'would delete' if not plan_path else 'planned'} {safe(entry['path'])} "
@@ -181,8 +194,14 @@ def prune_command(app: AppContext, plan_path, apply_path, manifest) -> None:
         )
     for refused in plan["refused"]:
         click.echo(f"not planned {safe(refused['path'])}: {safe(refused['reason'])}", err=True)
+    if plan["orphans_left_out"]:
+        click.echo(
+            f"not planned: {plan['orphans_left_out']} orphan checkpoints (CKP003, no run claims "
+            "them); check `audit status` link coverage, or add --include-orphans",
+            err=True,
+        )
     if plan_path:
-        plan_path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        atomic.write_text(plan_path, json.dumps(plan, indent=2) + "\n")
         click.echo(
             f"wrote {plan_path}: {len(plan['entries'])} entries, {plan['total_bytes'] / 1e9:,.1f} GB; "
             f"apply with audit prune --apply {plan_path}"

@@ -81,7 +81,7 @@ def _report_skipped(summary) -> None:
         click.echo(f"skipped: {safe(message)}", err=True)
     if len(summary.skipped) > 20:
         click.echo(
-            f"skipped: ... {len(summary.skipped) - 20} more bad {summary.skipped_what}", err=True
+            f"skipped: ... {len(summary.skipped) - 20} more {summary.skipped_what}", err=True
         )
 
 
@@ -185,9 +185,9 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
 def ingest_checkpoints(app: AppContext, roots) -> None:
     """Inventory checkpoint folders (HF Trainer, Lightning, loose weight files).
 
-    Symlinks are not followed. Each checkpoint is linked to its run through the run's
-    output_dir param, a run id in the path, or the run's local artifact URI. A rescan of
-    a root replaces its inventory.
+    Symlinks are not followed; an unreadable folder is skipped and named. Each checkpoint
+    is linked to its run through the run's output_dir param, a run id in the path, or the
+    run's local artifact URI. A rescan of a root replaces its inventory.
 
     \b
     Example:
@@ -198,7 +198,33 @@ def ingest_checkpoints(app: AppContext, roots) -> None:
     config = app.config
     with app.warehouse(create=True) as wh:
         summary = import_checkpoints(wh, _paths(roots), config)
+    _report_skipped(summary)
     click.echo(safe(summary.line()))
+
+
+@ingest.command("links")
+@pass_app
+def ingest_links(app: AppContext) -> None:
+    """Recompute the run/job/checkpoint links with this configuration's [links] settings.
+
+    Imports keep the links earlier imports made: one whose [links] settings would lose
+    some (say, run without the --config that maps cluster paths) is refused. Run this
+    when the new settings are what you want; it prints how the coverage changed.
+
+    \b
+    Example:
+      audit ingest links                         # with ./audit.toml
+      AUDIT_CONFIG=/etc/audit/team.toml audit ingest links
+    """
+    from audit.importers.links import relink
+
+    with app.warehouse() as wh:
+        changes = relink(wh, app.config)
+    click.echo(
+        f"links recomputed: checkpoints with a run {changes.checkpoints_before} -> "
+        f"{changes.checkpoints_after}, runs with a Slurm job {changes.runs_with_jobs_before} -> "
+        f"{changes.runs_with_jobs_after}"
+    )
 
 
 skip_bad_runs_option = click.option(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from audit import atomic
 from audit.cli import AppContext, cli, pass_app
 from audit.cli.scan import DATE
 
@@ -73,7 +74,7 @@ def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
     if fmt == "html" and output is None:
         output = Path(f"weekly-{window.label.replace(' ', '_')}.html")
     if output:
-        output.write_text(text, encoding="utf-8")
+        atomic.write_text(output, text)
         click.echo(
             f"wrote {output} ({len(text.encode()) / 1024:,.0f} KB, {report['headline']['findings']} findings)"
         )

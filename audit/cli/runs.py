@@ -112,8 +112,12 @@ def runs_search(
           --order-by "metrics.\\`eval/target/acc\\` DESC" --format json
     """
     wanted = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
-    frame = _registry(app).search(filter_text, list(order_by), limit, wanted, include_deleted)
+    registry = _registry(app)
+    frame = registry.search(filter_text, list(order_by), limit, wanted, include_deleted)
     emit(frame.drop("source_id") if "source_id" in frame.columns and fmt == "table" else frame, fmt)
+    if frame.is_empty() and filter_text:
+        for hint in registry.missing_keys(filter_text):
+            click.echo(f"hint: {hint}", err=True)
 
 
 @runs_group.command("similar")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from audit import atomic
 from audit.cli import AppContext, cli, pass_app
 from audit.cli.output import safe, table
 from audit.rule_api import Severity
@@ -245,7 +246,7 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
     else:
         text = render_table(result, summary) + "\n"
     if output:
-        output.write_text(text, encoding="utf-8")
+        atomic.write_text(output, text)
         click.echo(f"wrote {output} ({summary['findings']} findings)")
     else:
         click.echo(text, nl=False)

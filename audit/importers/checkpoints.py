@@ -4,7 +4,8 @@ Recognised: HF Trainer ``checkpoint-<step>/`` folders (size = all files below it
 ``trainer_state.json`` gives ``global_step`` and ``best_model_checkpoint``), Lightning
 ``*.ckpt`` files (``step=``/``epoch=`` in the name), and loose ``*.pt``, ``*.safetensors``,
 ``*.bin`` files. Symlinks are never followed, so a link pointing out of a root is neither
-measured nor later deleted.
+measured nor later deleted. A folder that cannot be read is skipped and named (its
+checkpoints are then not in the inventory, so never pruned); the rest is imported.
 """
 
 from __future__ import annotations
@@ -39,20 +40,26 @@ _LIGHTNING_EPOCH = re.compile(r"(?:^|[-_])epoch=(\d+)")
 _LOOSE_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin")
 
 
-def scan_roots(roots: list[Path]) -> pl.DataFrame:
+def scan_roots(roots: list[Path], skipped: list[str] | None = None) -> pl.DataFrame:
+    """Every checkpoint under ``roots``; unreadable folders are appended to ``skipped``."""
     rows: list[dict] = []
+    problems = skipped if skipped is not None else []
     for root in roots:
         if not root.exists():
             raise InputError(f"{root}: no such folder")
         if not root.is_dir():
             raise InputError(f"{root}: is a file; pass the folder that holds checkpoints")
-        rows.extend(_scan(root.resolve()))
+        try:
+            os.scandir(root).close()
+        except OSError as exc:
+            raise InputError(f"{root}: cannot list ({exc.strerror})") from None
+        rows.extend(_scan(root.resolve(), problems))
     if not rows:
         return pl.DataFrame(schema=CHECKPOINT_SCHEMA)
     return pl.DataFrame(rows, schema=CHECKPOINT_SCHEMA)
 
 
-def _scan(root: Path) -> list[dict]:
+def _scan(root: Path, skipped: list[str]) -> list[dict]:
     rows: list[dict] = []
     best_paths: dict[str, float | None] = {}
     stack = [root]
@@ -61,20 +68,31 @@ def _scan(root: Path) -> list[dict]:
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as exc:
-            raise InputError(f"{folder}: cannot list ({exc.strerror})") from None
+            skipped.append(f"{folder}: cannot list ({exc.strerror}); its checkpoints are left out")
+            continue
         for entry in entries:
             if entry.is_symlink():
                 continue
             if entry.is_dir(follow_symlinks=False):
                 match = _HF_DIR.match(entry.name)
                 if match:
-                    rows.append(
-                        _hf_checkpoint(root, Path(entry.path), int(match.group(1)), best_paths)
-                    )
+                    try:
+                        rows.append(
+                            _hf_checkpoint(root, Path(entry.path), int(match.group(1)), best_paths)
+                        )
+                    except OSError as exc:
+                        where = exc.filename or entry.path
+                        skipped.append(
+                            f"{where}: cannot read ({exc.strerror}); checkpoint {entry.path} is left out"
+                        )
                 else:
                     stack.append(Path(entry.path))
             elif entry.is_file(follow_symlinks=False):
-                row = _file_checkpoint(root, Path(entry.path), entry)
+                try:
+                    row = _file_checkpoint(root, Path(entry.path), entry)
+                except OSError as exc:
+                    skipped.append(f"{entry.path}: cannot read ({exc.strerror}); it is left out")
+                    continue
                 if row:
                     rows.append(row)
     for row in rows:
@@ -86,20 +104,12 @@ def _scan(root: Path) -> list[dict]:
 
 def _hf_checkpoint(root: Path, path: Path, step: int, best_paths: dict) -> dict:
     total, files, newest = _folder_size(path)
-    state_file = path / "trainer_state.json"
     global_step = step
-    if state_file.is_file() and not state_file.is_symlink():
-        try:
-            state = json.loads(state_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{state_file}: cannot read trainer state ({exc})") from None
-        if isinstance(state, dict):
-            if isinstance(state.get("global_step"), int):
-                global_step = state["global_step"]
-            best = state.get("best_model_checkpoint")
-            if isinstance(best, str) and best:
-                best_path = _resolve_best(best, path.parent)
-                best_paths.setdefault(best_path, state.get("best_metric"))
+    state = read_trainer_state(path)
+    if isinstance(state.get("global_step"), int):
+        global_step = state["global_step"]
+    for best_path in best_candidates(state, path.parent):
+        best_paths.setdefault(best_path, state.get("best_metric"))
     return {
         "root": str(root),
         "path": str(path),
@@ -115,12 +125,66 @@ def _hf_checkpoint(root: Path, path: Path, step: int, best_paths: dict) -> dict:
     }
 
 
-def _resolve_best(best: str, run_dir: Path) -> str:
-    """trainer_state.json records the best checkpoint as written at train time (often relative)."""
-    candidate = Path(best)
-    if not candidate.is_absolute() or not candidate.exists():
-        candidate = run_dir / candidate.name
-    return str(candidate)
+def read_trainer_state(checkpoint: Path) -> dict:
+    """``trainer_state.json`` of an HF checkpoint folder ({} when absent or not an object).
+
+    An unreadable file raises OSError (the caller skips the checkpoint); a damaged one is
+    an input error naming the file.
+    """
+    state_file = checkpoint / "trainer_state.json"
+    if not state_file.is_file() or state_file.is_symlink():
+        return {}
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{state_file}: cannot read trainer state ({exc})") from None
+    return state if isinstance(state, dict) else {}
+
+
+def best_candidates(state: dict, run_dir: Path) -> set[str]:
+    """The paths ``best_model_checkpoint`` may name, as recorded at train time.
+
+    It is often relative, a cluster path, or written through a symlinked folder: the
+    folder of the same name next to this checkpoint always counts, and so does the real
+    path of the recorded one when it exists here.
+    """
+    best = state.get("best_model_checkpoint")
+    if not isinstance(best, str) or not best.strip("/.") or "\0" in best:
+        return set()
+    recorded = Path(best)
+    candidates = {str(run_dir / recorded.name)}
+    if recorded.is_absolute() and os.path.lexists(recorded):
+        candidates.add(os.path.realpath(recorded))
+    return candidates
+
+
+def checkpoint_entry(entry: os.DirEntry) -> dict | None:
+    """What a folder entry is as a checkpoint (path, kind, step, time in ns), without
+    measuring it; None for a symlink or anything else. The same recognition as a scan."""
+    if entry.is_symlink():
+        return None
+    info = entry.stat(follow_symlinks=False)
+    if entry.is_dir(follow_symlinks=False):
+        match = _HF_DIR.match(entry.name)
+        if not match:
+            return None
+        return {
+            "path": entry.path,
+            "kind": "hf",
+            "step": int(match.group(1)),
+            "mtime": info.st_mtime_ns,
+        }
+    if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(
+        (".ckpt", *_LOOSE_SUFFIXES)
+    ):
+        return None
+    step = _LIGHTNING_STEP.search(entry.name)
+    return {
+        "path": entry.path,
+        "kind": "file",
+        "step": int(step.group(1)) if step else None,
+        "mtime": info.st_mtime_ns,
+    }
 
 
 def _file_checkpoint(root: Path, path: Path, entry: os.DirEntry) -> dict | None:
@@ -150,9 +214,14 @@ def _file_checkpoint(root: Path, path: Path, entry: os.DirEntry) -> dict | None:
 
 
 def _folder_size(folder: Path) -> tuple[int, int, datetime]:
+    """Bytes, files and newest time below ``folder``; OSError when part of it is unreadable."""
     total = files = 0
     newest = os.lstat(folder).st_mtime
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+
+    def unreadable(exc: OSError) -> None:
+        raise exc
+
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=False):
         for name in filenames:
             info = os.lstat(os.path.join(dirpath, name))
             if stat.S_ISREG(info.st_mode):

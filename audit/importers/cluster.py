@@ -223,10 +223,12 @@ class SampleBatch:
 class CheckpointSource(FileSource):
     kind = "checkpoints"
     noun = "checkpoints"
+    skipped_what = "unreadable entries"
 
     def parse(self, unit: Path) -> ParsedUnit:
-        found = scan_roots([unit])
-        return ParsedUnit(found, rows_read=found.height)
+        unreadable: list[str] = []
+        found = scan_roots([unit], unreadable)
+        return ParsedUnit(found, rows_read=found.height, skipped=unreadable)
 
     def write(self, con, unit: Path, parsed: ParsedUnit) -> int:
         # A rescan replaces the inventory of its root: deleted checkpoints disappear.

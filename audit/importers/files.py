@@ -121,10 +121,10 @@ class FileImportSummary:
     unit: str = "file(s)"
     extra: str = ""  # what else was written, for the summary line
     read_what: str = "lines"
-    skipped_what: str = "lines"
+    skipped_what: str = "bad lines"
 
     def line(self) -> str:
-        skipped = f", skipped {len(self.skipped)} bad {self.skipped_what}" if self.skipped else ""
+        skipped = f", skipped {len(self.skipped)} {self.skipped_what}" if self.skipped else ""
         extra = f", {self.extra}" if self.extra else ""
         return (
             f"imported {self.rows_written:,} {self.detail}{extra} from {self.files} {self.unit} "
@@ -160,6 +160,7 @@ class FileSource:
     read_what: ClassVar[str] = "lines"
     workers: ClassVar[int] = 1  # units parsed ahead in threads while one is written
     skips_bad_units: ClassVar[bool] = False
+    skipped_what: ClassVar[str | None] = None  # what ParsedUnit.skipped lists, if not bad lines
 
     def units(self, paths: list[Path]) -> list[Path]:
         return paths
@@ -198,7 +199,8 @@ def import_files(
         detail=source.noun,
         unit=source.unit,
         read_what=source.read_what,
-        skipped_what=source.unit.replace("(s)", "s") if source.skips_bad_units else "lines",
+        skipped_what=source.skipped_what
+        or ("bad " + source.unit.replace("(s)", "s") if source.skips_bad_units else "bad lines"),
     )
     logged: list[tuple[Path, ParsedUnit, int]] = []
     progress.start(len(units))

@@ -1,23 +1,232 @@
-"""Links between runs, jobs and checkpoints, recomputed inside every import transaction.
+"""Links between runs, jobs and checkpoints, derived inside every import transaction.
 
 - run -> job: a run tag holding the Slurm job id (``[links] job_tag_keys``), else the one job
   of the same user whose allocation contains the run (± ``time_slack_minutes``).
 - checkpoint -> run: the run's ``output_dir`` param contains the checkpoint, or the run id
   appears in the path, or the run's local ``artifact_uri`` contains it.
+
+Links are always derived with the ``[links]`` settings in force, which are stored with
+them. An import whose settings differ from the stored ones and would lose a link the
+stored settings still give (say, an import run without the ``--config`` that maps
+cluster paths) is refused with the list of what it would lose, and changes nothing;
+``audit ingest links`` recomputes them on purpose. Links that end because the data
+changed (a checkpoint deleted, a second job making a user+time match ambiguous) are never
+a reason to refuse.
+
+Readers use the relations ``run_jobs`` and ``checkpoint_runs``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
+
 from audit.config import Config
+from audit.errors import InputError
+
+SETTINGS_KEY = "link_settings"
+_DERIVED_JOBS = "audit_derived_run_jobs"
+_DERIVED_CHECKPOINTS = "audit_derived_checkpoint_runs"
 
 
-def refresh_links(con, config: Config) -> None:
-    keys = config.values["links"]["job_tag_keys"]
-    slack = float(config.values["links"]["time_slack_minutes"])
+@dataclass(frozen=True)
+class LinkSettings:
+    """The ``[links]`` settings as links use them: local prefixes fully resolved."""
+
+    job_tag_keys: tuple[str, ...]
+    slack_minutes: int
+    # (cluster prefix, local folder with symlinks resolved), longest cluster prefix first
+    path_prefixes: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def from_config(cls, config: Config) -> LinkSettings:
+        links = config.values["links"]
+        prefixes = {
+            remote.rstrip("/"): os.path.realpath(config.local_path(local)).rstrip("/")
+            for remote, local in links["path_prefixes"].items()
+        }
+        return cls(
+            job_tag_keys=tuple(links["job_tag_keys"]),
+            slack_minutes=round(float(links["time_slack_minutes"])),
+            path_prefixes=tuple(sorted(prefixes.items(), key=lambda p: (-len(p[0]), p[0]))),
+        )
+
+    def as_json(self) -> str:
+        return json.dumps(
+            {
+                "job_tag_keys": list(self.job_tag_keys),
+                "time_slack_minutes": self.slack_minutes,
+                "path_prefixes": dict(self.path_prefixes),
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> LinkSettings:
+        data = json.loads(text)
+        return cls(
+            job_tag_keys=tuple(data["job_tag_keys"]),
+            slack_minutes=int(data["time_slack_minutes"]),
+            path_prefixes=tuple(
+                sorted(data["path_prefixes"].items(), key=lambda p: (-len(p[0]), p[0]))
+            ),
+        )
+
+    def local_path(self, text: str) -> str:
+        """A path as logged on the cluster (or a ``file://`` URI) as seen from here, resolved."""
+        path = text.removeprefix("file://").rstrip("/") or "/"
+        for remote, local in self.path_prefixes:
+            if path == remote or path.startswith(remote + "/"):
+                path = local + path[len(remote) :]
+                break
+        return os.path.realpath(path) if path.startswith("/") else path
+
+
+@dataclass
+class LinkChanges:
+    checkpoints_before: int
+    checkpoints_after: int
+    runs_with_jobs_before: int
+    runs_with_jobs_after: int
+
+
+def refresh_links(con, config: Config, replace: bool = False) -> LinkChanges:
+    """Derive ``run_jobs`` and ``checkpoint_runs`` with the settings in force.
+
+    Raises InputError (and the import's transaction rolls back) when the settings differ
+    from the stored ones and would lose links, unless ``replace``.
+    """
+    settings = LinkSettings.from_config(config)
+    stored = _stored_settings(con)
+    before = _counts(con, "checkpoint_runs", "run_jobs")
+    compare = not replace and stored != settings
+    if compare and stored is None:
+        # links made before settings were stored: compare with them as they are
+        con.execute(f"CREATE OR REPLACE TEMP TABLE audit_old_checkpoint_runs AS {_LIVE_CKP}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE audit_old_run_jobs AS {_LIVE_JOBS}")
+    elif compare:
+        _derive(con, stored)
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE audit_old_checkpoint_runs AS "
+            f"SELECT * FROM {_DERIVED_CHECKPOINTS}"
+        )
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE audit_old_run_jobs AS SELECT * FROM {_DERIVED_JOBS}"
+        )
+    _derive(con, settings)
+    if compare:
+        try:
+            _refuse_losses(con, config, settings, stored)
+        finally:
+            con.execute("DROP TABLE IF EXISTS audit_old_checkpoint_runs")
+            con.execute("DROP TABLE IF EXISTS audit_old_run_jobs")
     con.execute("DELETE FROM run_jobs")
-    con.execute(
+    con.execute(f"INSERT INTO run_jobs SELECT * FROM {_DERIVED_JOBS}")
+    con.execute("DELETE FROM checkpoint_runs")
+    con.execute(f"INSERT INTO checkpoint_runs SELECT * FROM {_DERIVED_CHECKPOINTS}")
+    con.execute(f"DROP TABLE {_DERIVED_JOBS}")
+    con.execute(f"DROP TABLE {_DERIVED_CHECKPOINTS}")
+    con.execute("DELETE FROM audit_meta WHERE key = ?", [SETTINGS_KEY])
+    con.execute("INSERT INTO audit_meta VALUES (?, ?)", [SETTINGS_KEY, settings.as_json()])
+    _system_metrics_as_telemetry(con)
+    after = _counts(con, "checkpoint_runs", "run_jobs")
+    return LinkChanges(before[0], after[0], before[1], after[1])
+
+
+def _counts(con, checkpoints: str, jobs: str) -> tuple[int, int]:
+    return con.execute(
+        f"SELECT (SELECT count(DISTINCT path) FROM {checkpoints}), "
+        f"(SELECT count(DISTINCT (source_id, run_id)) FROM {jobs})"
+    ).fetchall()[0]
+
+
+def _stored_settings(con) -> LinkSettings | None:
+    rows = con.execute("SELECT value FROM audit_meta WHERE key = ?", [SETTINGS_KEY]).fetchall()
+    return LinkSettings.from_json(rows[0][0]) if rows else None
+
+
+# existing links whose checkpoint, run and job are all still in the warehouse
+_LIVE_CKP = """
+    SELECT l.* FROM checkpoint_runs l
+    WHERE EXISTS (SELECT 1 FROM checkpoints c WHERE c.path = l.path)
+      AND EXISTS (SELECT 1 FROM runs r WHERE r.source_id = l.source_id AND r.run_id = l.run_id)
+"""
+_LIVE_JOBS = """
+    SELECT l.* FROM run_jobs l
+    WHERE EXISTS (SELECT 1 FROM runs r WHERE r.source_id = l.source_id AND r.run_id = l.run_id)
+      AND EXISTS (SELECT 1 FROM jobs j WHERE j.cluster = l.cluster AND j.job_id = l.job_id)
+"""
+
+
+def _refuse_losses(con, config: Config, settings: LinkSettings, stored: LinkSettings | None):
+    lost_checkpoints = con.execute(
+        f"""
+        SELECT o.path, o.run_id, o.method, r.name FROM audit_old_checkpoint_runs o
+        LEFT JOIN runs r ON r.source_id = o.source_id AND r.run_id = o.run_id
+        WHERE NOT EXISTS (SELECT 1 FROM {_DERIVED_CHECKPOINTS} n
+                          WHERE n.path = o.path AND n.source_id = o.source_id AND n.run_id = o.run_id)
+        ORDER BY o.path
         """
-        INSERT INTO run_jobs
+    ).fetchall()
+    lost_jobs = con.execute(
+        f"""
+        SELECT o.run_id, o.job_id, o.method FROM audit_old_run_jobs o
+        WHERE NOT EXISTS (SELECT 1 FROM {_DERIVED_JOBS} n
+                          WHERE n.source_id = o.source_id AND n.run_id = o.run_id
+                            AND n.cluster = o.cluster AND n.job_id = o.job_id)
+        ORDER BY o.run_id
+        """
+    ).fetchall()
+    if not lost_checkpoints and not lost_jobs:
+        return
+    losses = []
+    if lost_checkpoints:
+        path, run_id, method, name = lost_checkpoints[0]
+        losses.append(
+            f"{len(lost_checkpoints)} checkpoints from their runs (e.g. {path} from run "
+            f"{name or run_id!r} via {method})"
+        )
+    if lost_jobs:
+        run_id, job_id, method = lost_jobs[0]
+        losses.append(
+            f"{len(lost_jobs)} runs from their Slurm jobs (e.g. run {run_id} from job {job_id} via {method})"
+        )
+    source = f"--config {config.path}" if config.path else "no --config (built-in defaults)"
+    if stored is None:
+        difference = (
+            f"the links in the warehouse were made with other [links] settings than {source}"
+        )
+    else:
+        difference = (
+            f"the links in the warehouse were made with [links] {_describe(stored, settings)}; "
+            f"this command runs with {source}: {_describe(settings, stored)}"
+        )
+    raise InputError(
+        f"nothing was imported: this import would unlink {' and '.join(losses)}, because "
+        f"{difference}. Pass the --config the earlier imports used, or run "
+        "`audit ingest links` with this one to recompute the links on purpose"
+    )
+
+
+def _describe(settings: LinkSettings, other: LinkSettings) -> str:
+    parts = []
+    if settings.path_prefixes != other.path_prefixes:
+        parts.append(f"path_prefixes {json.dumps(dict(settings.path_prefixes))}")
+    if settings.job_tag_keys != other.job_tag_keys:
+        parts.append(f"job_tag_keys {json.dumps(list(settings.job_tag_keys))}")
+    if settings.slack_minutes != other.slack_minutes:
+        parts.append(f"time_slack_minutes {settings.slack_minutes}")
+    return ", ".join(parts)
+
+
+def _derive(con, settings: LinkSettings) -> None:
+    """The links ``settings`` give on the warehouse's current data, into the derived tables."""
+    keys, slack = list(settings.job_tag_keys), settings.slack_minutes
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_DERIVED_JOBS} AS SELECT * FROM run_jobs LIMIT 0")
+    con.execute(
+        f"""
+        INSERT INTO {_DERIVED_JOBS}
         SELECT DISTINCT ON (t.source_id, t.run_id) t.source_id, t.run_id, j.cluster, j.job_id, 'tag:' || t.key
         FROM tags t JOIN jobs j ON j.job_id = trim(t.value)
         WHERE list_contains(?, t.key)
@@ -26,30 +235,28 @@ def refresh_links(con, config: Config) -> None:
         [keys, keys],
     )
     con.execute(
-        """
-        INSERT INTO run_jobs
+        f"""
+        INSERT INTO {_DERIVED_JOBS}
         SELECT r.source_id, r.run_id, any_value(j.cluster), any_value(j.job_id), 'user+time'
         FROM runs r
         JOIN jobs j ON j.user_name = r.user_id
              AND j.start_time <= r.start_time + to_minutes(CAST(? AS BIGINT))
              AND coalesce(j.end_time, r.end_time) >= coalesce(r.end_time, r.start_time) - to_minutes(CAST(? AS BIGINT))
-        WHERE NOT EXISTS (SELECT 1 FROM run_jobs x WHERE x.source_id = r.source_id AND x.run_id = r.run_id)
+        WHERE NOT EXISTS (SELECT 1 FROM {_DERIVED_JOBS} x WHERE x.source_id = r.source_id AND x.run_id = r.run_id)
         GROUP BY r.source_id, r.run_id
         HAVING count(*) = 1
         """,
-        [round(slack), round(slack)],
+        [slack, slack],
     )
-    prefixes = [
-        (remote.rstrip("/"), config.local_path(local).rstrip("/"))
-        for remote, local in config.values["links"]["path_prefixes"].items()
-    ]
     con.execute("CREATE OR REPLACE TEMP TABLE audit_prefixes (remote VARCHAR, local VARCHAR)")
-    if prefixes:
-        con.executemany("INSERT INTO audit_prefixes VALUES (?, ?)", prefixes)
-    con.execute("DELETE FROM checkpoint_runs")
+    if settings.path_prefixes:
+        con.executemany("INSERT INTO audit_prefixes VALUES (?, ?)", list(settings.path_prefixes))
     con.execute(
-        r"""
-        INSERT INTO checkpoint_runs
+        f"CREATE OR REPLACE TEMP TABLE {_DERIVED_CHECKPOINTS} AS SELECT * FROM checkpoint_runs LIMIT 0"
+    )
+    con.execute(
+        rf"""
+        INSERT INTO {_DERIVED_CHECKPOINTS}
         WITH output_dirs AS (
             SELECT p.source_id, p.run_id, coalesce(
                 (SELECT m.local || substr(rtrim(p.value, '/'), length(m.remote) + 1) FROM audit_prefixes m
@@ -76,7 +283,7 @@ def refresh_links(con, config: Config) -> None:
             UNION ALL
             SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2
             FROM checkpoints c JOIN runs r
-                 ON r.run_id = regexp_extract(c.path, '(?:^|/)([0-9a-f]{32})(?:/|$)', 1)
+                 ON r.run_id = regexp_extract(c.path, '(?:^|/)([0-9a-f]{{32}})(?:/|$)', 1)
             UNION ALL
             SELECT a.path, r.source_id, r.run_id, 'artifact_uri', 3
             FROM ancestors a JOIN artifact_dirs r ON r.dir = a.dir AND a.dir <> a.path
@@ -86,7 +293,6 @@ def refresh_links(con, config: Config) -> None:
         """
     )
     con.execute("DROP TABLE audit_prefixes")
-    _system_metrics_as_telemetry(con)
 
 
 def _system_metrics_as_telemetry(con) -> None:
@@ -121,3 +327,9 @@ def _system_metrics_as_telemetry(con) -> None:
         GROUP BY h.host, p.gpu, p.ts
         """
     )
+
+
+def relink(wh, config: Config) -> LinkChanges:
+    """Recompute every link with ``config``, dropping those it no longer gives (on purpose)."""
+    with wh.transaction() as con:
+        return refresh_links(con, config, replace=True)

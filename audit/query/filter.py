@@ -8,12 +8,19 @@ params with numeric equivalence (``params.lr < 3e-5`` matches ``'0.00002'``), an
 aggregates over the history (``max(metrics.x)``, ``min``, ``avg``, ``last`` = MLflow's
 latest value, the default).
 
-A filter compiles to a SQL condition over the ``runs`` table aliased ``r`` with every
-literal a bound parameter: user text never becomes SQL.
+A filter is parsed into a tree, then compiled to a SQL condition over one row per run:
+each field it names is a column (of the wide search table, or of a pivot of the long
+tables that the registry joins in under a generated alias), every literal and every key
+is a bound parameter, so user text never becomes SQL. Long ``IN`` lists and ``OR`` chains
+of equalities on one field become one membership test against a bound list (a join, not
+a tree of comparisons), and ``AND``/``OR`` chains become balanced trees, so a filter of
+``MAX_TERMS`` comparisons stays shallow for DuckDB. The limits below are documented in
+the README; going past one is an input error that names it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -21,6 +28,15 @@ import polars as pl
 
 from audit.errors import InputError
 from audit.importers.params import normalise_value, normalised_params
+
+MAX_FILTER_CHARACTERS = 2_000_000
+MAX_TERMS = 10_000  # comparisons (an IN list counts once)
+MAX_VALUES = 100_000  # literals in IN lists, over the whole filter
+MAX_DEPTH = 100  # nesting of parentheses and NOT
+MAX_FIELDS = 1_000  # distinct fields (entity, key, aggregate)
+LIMITS_HELP = "see 'Filter limits' in the README"
+# an IN list this long is tested with a join against the bound list
+_LIST_JOIN_AT = 16
 
 ENTITY_ALIASES = {
     "params": "params",
@@ -58,13 +74,7 @@ ATTRIBUTES = {
     "source_id": "r.source_id",
 }
 NUMERIC_ATTRIBUTES = {"start_time", "end_time", "created"}
-DATASET_FIELDS = {
-    "name": "d.name",
-    "digest": "d.digest",
-    "context": "d.context",
-    "source": "d.source",
-    "source_type": "d.source_type",
-}
+DATASET_FIELDS = ("name", "digest", "context", "source", "source_type")
 AGGREGATES = {
     "max": "max",
     "min": "min",
@@ -78,58 +88,63 @@ COMPARATORS = {"=", "==", "!=", "<>", "<", "<=", ">", ">="}
 
 _TOKEN = re.compile(
     r"""
-    (?P<ws>\s+)
-  | (?P<string>'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*")
+    \s*(?:  # whitespace goes with the token after it
+    (?P<string>'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*")
   | (?P<backtick>`[^`]*`)
   | (?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![A-Za-z_]))
   | (?P<op><=|>=|!=|<>|==|=|<|>)
   | (?P<punct>[(),.])
   | (?P<word>[A-Za-z_][A-Za-z0-9_\-/:@]*)
-    """,
+    )""",
     re.VERBOSE,
 )
 KEYWORDS = {"and", "or", "not", "in", "is", "null", "like", "ilike", "between", "true", "false"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Token:
     kind: str
     text: str
     position: int
-
-    @property
-    def lower(self) -> str:
-        return self.text.lower()
-
-
-def tokenize(text: str) -> list[Token]:
-    tokens, position = [], 0
-    while position < len(text):
-        match = _TOKEN.match(text, position)
-        if not match:
-            raise FilterError(text, position, f"unexpected character {text[position]!r}")
-        kind = match.lastgroup
-        if kind != "ws":
-            tokens.append(Token(kind, match.group(), position))
-        position = match.end()
-    tokens.append(Token("end", "", len(text)))
-    return tokens
+    lower: str = ""
 
 
 class FilterError(InputError):
-    def __init__(self, text: str, position: int, problem: str):
+    def __init__(self, text: str, position: int | None, problem: str):
+        if position is None:
+            super().__init__(f"invalid filter: {problem}")
+            return
         near = text[position : position + 20] or "end of filter"
         super().__init__(f"invalid filter at character {position + 1} (near {near!r}): {problem}")
 
 
-@dataclass
-class Compiled:
-    sql: str
-    params: list = field(default_factory=list)
-    keys: list[tuple[str, str]] = field(default_factory=list)  # (entity, key) referenced
+def tokenize(text: str) -> list[Token]:
+    if len(text) > MAX_FILTER_CHARACTERS:
+        raise FilterError(
+            text,
+            None,
+            f"it is {len(text):,} characters long, more than the limit of "
+            f"{MAX_FILTER_CHARACTERS:,} ({LIMITS_HELP})",
+        )
+    tokens, position = [], 0
+    for match in _TOKEN.finditer(text):
+        if match.start() != position:
+            break  # a character no token starts with
+        position = match.end()
+        kind = match.lastgroup
+        word = match.group(kind)
+        tokens.append(
+            Token(kind, word, match.start(kind), word.lower() if kind == "word" else word)
+        )
+    while position < len(text) and text[position].isspace():
+        position += 1
+    if position < len(text):
+        raise FilterError(text, position, f"unexpected character {text[position]!r}")
+    tokens.append(Token("end", "", len(text)))
+    return tokens
 
 
-@dataclass
+@dataclass(frozen=True)
 class Field:
     entity: str  # params | metrics | tags | attributes | datasets
     key: str
@@ -141,16 +156,33 @@ class Field:
         return f"{self.aggregate}({inner})" if self.aggregate else inner
 
 
+# The parsed tree: ("and", [nodes]) | ("or", [nodes]) | ("not", node)
+# | ("cmp", Comparison) | ("true",) | ("false",)
+@dataclass
+class Comparison:
+    field: Field
+    operator: str  # = != < <= > >= in like ilike between null notnull
+    values: list = field(default_factory=list)
+    token: Token | None = None  # the value token, for errors found while compiling
+
+
+@dataclass
+class ParsedFilter:
+    text: str
+    tree: tuple | None  # None: no condition
+    fields: list[Field]  # distinct, in order of appearance
+    normalised: dict[str, tuple[float | None, str]]
+
+
 class Parser:
-    def __init__(self, text: str, wide: dict[str, set[str]] | None = None):
-        # keys with columns in the wide search table, per entity (empty: use the long tables)
-        self.wide = wide or {}
+    def __init__(self, text: str):
         self.text = text
         self.tokens = tokenize(text)
-        self.normalised = _normalise_literals(self.tokens)
         self.index = 0
-        self.params: list = []
-        self.keys: list[tuple[str, str]] = []
+        self.depth = 0
+        self.terms = 0
+        self.values = 0
+        self.fields: dict[Field, None] = {}
         self.value_token: Token | None = None
 
     # -- token helpers -----------------------------------------------------------------------
@@ -179,33 +211,42 @@ class Parser:
         self.advance()
 
     # -- grammar -------------------------------------------------------------------------------
-    def parse(self) -> Compiled:
-        if self.current.kind == "end":
-            return Compiled("TRUE")
-        sql = self.parse_or()
+    def parse(self) -> ParsedFilter:
+        tree = None
         if self.current.kind != "end":
-            raise self.error("expected AND, OR or the end of the filter")
-        return Compiled(sql, self.params, self.keys)
+            tree = self.parse_or()
+            if self.current.kind != "end":
+                raise self.error("expected AND, OR or the end of the filter")
+        return ParsedFilter(self.text, tree, list(self.fields), _normalise_literals(self.tokens))
 
-    def parse_or(self) -> str:
+    def parse_or(self) -> tuple:
         parts = [self.parse_and()]
         while self.accept_word("or"):
             parts.append(self.parse_and())
-        return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+        return parts[0] if len(parts) == 1 else ("or", parts)
 
-    def parse_and(self) -> str:
+    def parse_and(self) -> tuple:
         parts = [self.parse_not()]
         while self.accept_word("and"):
             parts.append(self.parse_not())
-        return parts[0] if len(parts) == 1 else "(" + " AND ".join(parts) + ")"
+        return parts[0] if len(parts) == 1 else ("and", parts)
 
-    def parse_not(self) -> str:
-        if self.accept_word("not"):
-            return f"(NOT {self.parse_not()})"
-        if self.current.text == "(":
+    def parse_not(self) -> tuple:
+        token = self.current
+        if (token.kind == "word" and token.lower == "not") or token.text == "(":
+            # each level costs Python and DuckDB stack: the depth is checked before recursing
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise self.error(
+                    f"nested deeper than the limit of {MAX_DEPTH} parentheses and NOTs ({LIMITS_HELP})"
+                )
             self.advance()
-            inner = self.parse_or()
-            self.expect_punct(")")
+            if token.text == "(":
+                inner = self.parse_or()
+                self.expect_punct(")")
+            else:
+                inner = ("not", self.parse_not())
+            self.depth -= 1
             return inner
         return self.parse_comparison()
 
@@ -218,11 +259,24 @@ class Parser:
         self.advance()
         if token.lower in AGGREGATES and self.current.text == "(":
             self.advance()
-            inner = self.parse_field()
+            inner_token = self.current
+            if inner_token.kind == "word" and inner_token.lower in AGGREGATES:
+                raise self.error("aggregates do not nest: write max(metrics.x)", inner_token)
+            inner = self.parse_entity_field()
             self.expect_punct(")")
             if inner.entity != "metrics":
                 raise self.error(f"{token.text}() applies to metrics only", token)
             return Field("metrics", inner.key, AGGREGATES[token.lower])
+        self.index -= 1
+        return self.parse_entity_field()
+
+    def parse_entity_field(self) -> Field:
+        token = self.current
+        if token.kind != "word" or token.lower in KEYWORDS:
+            raise self.error(
+                "expected a field like params.lr, metrics.acc, tags.team or attributes.status"
+            )
+        self.advance()
         entity = ENTITY_ALIASES.get(token.lower)
         if entity is None:
             if token.lower in ATTRIBUTES:
@@ -272,14 +326,32 @@ class Parser:
         if token.kind == "string":
             return _unquote(token.text)
         if token.kind == "number":
-            return float(token.text)
+            number = float(token.text)
+            if not math.isfinite(number):
+                raise self.error(
+                    f"number {token.text} is beyond the range of a double (±1.8e308)", token
+                )
+            return number
         if token.kind == "word" and token.lower in ("true", "false"):
             return token.lower
         raise self.error("expected a value: 'text' or a number", token)
 
-    def parse_comparison(self) -> str:
+    def parse_comparison(self) -> tuple:
+        start = self.current
         target = self.parse_field()
-        self.keys.append((target.entity, target.key))
+        self.terms += 1
+        if self.terms > MAX_TERMS:
+            raise self.error(
+                f"more than the limit of {MAX_TERMS:,} comparisons ({LIMITS_HELP}); "
+                "a long OR of values of one field is shorter as an IN list",
+                start,
+            )
+        if target not in self.fields:
+            if len(self.fields) >= MAX_FIELDS:
+                raise self.error(
+                    f"more than the limit of {MAX_FIELDS:,} distinct fields ({LIMITS_HELP})", start
+                )
+            self.fields[target] = None
         negate = self.accept_word("not")
         token = self.current
         if self.accept_word("is"):
@@ -288,42 +360,37 @@ class Parser:
             negate_null = self.accept_word("not")
             if not self.accept_word("null"):
                 raise self.error("expected NULL after IS")
-            return self.null_check(target, not negate_null)
+            return ("cmp", Comparison(target, "notnull" if negate_null else "null"))
         if self.accept_word("in"):
             self.expect_punct("(")
             values = [self.parse_value()]
+            first = self.value_token
             while self.current.text == ",":
                 self.advance()
                 values.append(self.parse_value())
+                if len(values) + self.values > MAX_VALUES:
+                    raise self.error(
+                        f"more than the limit of {MAX_VALUES:,} values in IN lists ({LIMITS_HELP})"
+                    )
+            self.values += len(values)
             self.expect_punct(")")
-            sql = self.condition(
-                target,
-                lambda col: "(" + " OR ".join(self.equality(col, target, v) for v in values) + ")",
-            )
-            return f"(NOT {sql})" if negate else sql
+            node = ("cmp", Comparison(target, "in", values, first))
+            return ("not", node) if negate else node
         if self.accept_word("between"):
             low = self.parse_value()
+            low_token = self.value_token
             if not self.accept_word("and"):
                 raise self.error("expected AND in BETWEEN ... AND ...")
             high = self.parse_value()
-            sql = self.condition(
-                target,
-                lambda col: (
-                    f"({self.ordered(col, target, '>=', low)} AND {self.ordered(col, target, '<=', high)})"
-                ),
-            )
-            return f"(NOT {sql})" if negate else sql
+            node = ("cmp", Comparison(target, "between", [low, high], low_token))
+            return ("not", node) if negate else node
         if token.kind == "word" and token.lower in ("like", "ilike"):
             self.advance()
             pattern = self.parse_value()
             if not isinstance(pattern, str):
                 raise self.error("LIKE needs a quoted pattern", token)
-            operator = "ILIKE" if token.lower == "ilike" else "LIKE"
-            sql = self.condition(
-                target,
-                lambda col: self.bind(f"CAST({col['text']} AS VARCHAR) {operator} ?", pattern),
-            )
-            return f"(NOT {sql})" if negate else sql
+            node = ("cmp", Comparison(target, token.lower, [pattern], self.value_token))
+            return ("not", node) if negate else node
         if negate:
             raise self.error("NOT here must be followed by IN, BETWEEN, LIKE or ILIKE", token)
         if token.kind != "op" or token.text not in COMPARATORS:
@@ -333,135 +400,277 @@ class Parser:
         self.advance()
         operator = {"==": "=", "<>": "!="}.get(token.text, token.text)
         value = self.parse_value()
-        if operator == "=":
-            return self.condition(target, lambda col: self.equality(col, target, value))
-        if operator == "!=":
-            # MLflow: runs without the key do not match `!=` either
-            return self.condition(target, lambda col: f"NOT {self.equality(col, target, value)}")
-        return self.condition(target, lambda col: self.ordered(col, target, operator, value))
+        return ("cmp", Comparison(target, operator, [value], self.value_token))
 
-    # -- SQL pieces ------------------------------------------------------------------------------
-    def bind(self, sql: str, *values) -> str:
-        self.params.extend(values)
-        return sql
 
-    def condition(self, target: Field, build) -> str:
-        """Wrap a value condition in the lookup of the field for run r."""
-        if target.entity == "attributes":
-            column = ATTRIBUTES[target.key]
-            return build(
-                {
-                    "text": column,
-                    "num": column if target.key in NUMERIC_ATTRIBUTES else None,
-                    "norm": column,
-                }
-            )
-        if target.entity == "datasets":
-            column = DATASET_FIELDS[target.key]
-            inner = build({"text": column, "num": None, "norm": column})
-            return f"EXISTS (SELECT 1 FROM dataset_inputs d WHERE d.source_id = r.source_id AND d.run_id = r.run_id AND {inner})"
-        wide = self._wide_condition(target, build)
-        if wide is not None:
-            return wide
-        mark = len(self.params)
-        if target.entity == "params":
-            inner = build({"text": "p.value", "num": "p.value_num", "norm": "p.value_norm"})
-            sql = "EXISTS (SELECT 1 FROM params p WHERE p.source_id = r.source_id AND p.run_id = r.run_id AND p.key = ? AND {})"
-        elif target.entity == "tags":
-            inner = build(
-                {"text": "t.value", "num": "TRY_CAST(t.value AS DOUBLE)", "norm": "t.value"}
-            )
-            sql = "EXISTS (SELECT 1 FROM tags t WHERE t.source_id = r.source_id AND t.run_id = r.run_id AND t.key = ? AND {})"
-        elif target.aggregate is None:
-            inner = build({"text": "m.value", "num": "m.value", "norm": "m.value"})
-            # NaN never matches a comparison (DuckDB would order it above every number)
-            sql = (
-                "EXISTS (SELECT 1 FROM latest_metrics m WHERE m.source_id = r.source_id AND m.run_id = r.run_id "
-                "AND m.key = ? AND NOT isnan(m.value) AND {})"
-            )
-        else:
-            inner = build({"text": "a.v", "num": "a.v", "norm": "a.v"})
-            sql = (
-                "EXISTS (SELECT 1 FROM (SELECT "
-                + target.aggregate
-                + "(m.value ORDER BY m.step, m.ts) AS v "
-                "FROM metrics m WHERE m.source_id = r.source_id AND m.run_id = r.run_id AND m.key = ? "
-                "AND NOT isnan(m.value)) a WHERE a.v IS NOT NULL AND {})"
-            )
-        # the key's parameter comes first in the SQL text, before the value condition's
-        inner_params = self.params[mark:]
-        del self.params[mark:]
-        self.params.extend([target.key, *inner_params])
-        return sql.format(inner)
+def parse_filter(text: str) -> ParsedFilter:
+    return Parser(text or "").parse()
 
-    def _wide_condition(self, target: Field, build) -> str | None:
-        """The condition on a column of the wide search table, when the key has one.
 
-        coalesce(..., false) gives a missing key the same meaning as a failed EXISTS.
-        """
-        from audit.importers.search_index import column
+@dataclass
+class Columns:
+    """SQL expressions (generated, never user text) for one field of run ``r``."""
 
-        if target.aggregate is not None or target.key not in self.wide.get(target.entity, set()):
-            return None
-        name = f"{target.entity}.{target.key}"
-        if target.entity == "params":
-            cols = {
-                "text": "r." + column(name, "#raw"),
-                "num": "r." + column(name, "#num"),
-                "norm": "r." + column(name, "#norm"),
-            }
-            return f"({cols['text']} IS NOT NULL AND coalesce({build(cols)}, false))"
-        ref = "r." + column(name)
-        if target.entity == "tags":
-            cols = {"text": ref, "num": f"TRY_CAST({ref} AS DOUBLE)", "norm": ref}
-            return f"({ref} IS NOT NULL AND coalesce({build(cols)}, false))"
-        return (
-            f"coalesce(NOT isnan({ref}) AND {build({'text': ref, 'num': ref, 'norm': ref})}, false)"
-        )
+    text: str | None = None  # the value as text
+    num: str | None = None  # as a number (NULL when not one)
+    norm: str | None = None  # params: the normalised text
+    present: str = "FALSE"  # the run has the field (NaN metrics do not count)
+    is_list: bool = False  # datasets: a list per run
+
+
+def attribute_columns(key: str) -> Columns:
+    column = ATTRIBUTES[key]
+    return Columns(
+        text=column,
+        num=column if key in NUMERIC_ATTRIBUTES else None,
+        norm=column,
+        present=f"{column} IS NOT NULL",
+    )
+
+
+@dataclass
+class Compiled:
+    sql: str
+    params: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """What one comparison tests, decided once for both evaluators (SQL and bulk).
+
+    kind: const (``value``), present, eq (``column`` = ``value``), in (``column`` in
+    ``value``: a list), cmp (``column`` ``operator`` ``value``), between (``value``: low
+    and high leaves), like (``operator`` like|ilike, ``value`` the pattern, on the text).
+    ``negate`` inverts the test (never the presence); ``on_list``: datasets, where some
+    item of the run's list must pass the test.
+    """
+
+    kind: str
+    column: str = "text"  # text | num | norm
+    operator: str = "="
+    value: object = None
+    negate: bool = False
+    on_list: bool = False
+
+
+class LeafPlanner:
+    """Turns comparisons into :class:`Leaf` tests: type checks, numeric equivalence,
+    which column a literal is compared with."""
+
+    def __init__(self, parsed: ParsedFilter, columns: dict[Field, Columns | None]):
+        self.parsed = parsed
+        self.columns = columns
+
+    def error(self, comparison: Comparison, problem: str) -> FilterError:
+        position = comparison.token.position if comparison.token else None
+        return FilterError(self.parsed.text, position, problem)
 
     def normalise(self, value) -> tuple[float | None, str]:
         text = repr(value) if isinstance(value, float) else str(value)
-        return self.normalised.get(text) or normalise_value(text)
+        return self.parsed.normalised.get(text) or normalise_value(text)
 
-    def equality(self, col: dict, target: Field, value) -> str:
-        number, canonical = self.normalise(value)
-        if target.entity == "metrics":
-            if number is None:
-                raise self.error(f"metrics compare with numbers, got {value!r}", self.value_token)
-            return self.bind(f"{col['num']} = ?", number)
-        if target.entity == "params":
-            # numeric (and boolean) equivalence: '1e-05' = '0.00001', 'True' = 'true'
-            return self.bind(f"{col['norm']} = ?", canonical)
-        if target.entity == "attributes" and target.key in NUMERIC_ATTRIBUTES:
-            if number is None:
-                raise self.error(
-                    f"attributes.{target.key} compares with epoch milliseconds, got {value!r}",
-                    self.value_token,
-                )
-            return self.bind(f"{col['num']} = ?", number)
-        return self.bind(
-            f"{col['text']} = ?", value if isinstance(value, str) else _number_text(value)
-        )
-
-    def ordered(self, col: dict, target: Field, operator: str, value) -> str:
-        number, _ = self.normalise(value)
-        if number is not None and col["num"] is not None:
-            return self.bind(f"{col['num']} {operator} ?", number)
-        if target.entity in ("metrics",) or (
-            target.entity == "attributes" and target.key in NUMERIC_ATTRIBUTES
-        ):
-            raise self.error(
-                f"{target.label} compares with numbers, got {value!r}", self.value_token
+    def leaf(self, c: Comparison) -> Leaf:
+        self._check_types(c)
+        cols = self.columns.get(c.field)
+        if cols is None:  # no run has this key: nothing compares, nothing is present
+            return Leaf("const", value=c.operator == "null")
+        if c.operator in ("null", "notnull"):
+            return Leaf("present", negate=c.operator == "null")
+        on_list = cols.is_list
+        if c.operator in ("like", "ilike"):
+            return Leaf("like", operator=c.operator, value=c.values[0], on_list=on_list)
+        if c.operator == "in":
+            pairs = [self.comparable(c, cols, v) for v in c.values]
+            values = list(dict.fromkeys(bound for _, bound in pairs))
+            return Leaf("in", column=pairs[0][0], value=values, on_list=on_list)
+        if c.operator == "between":
+            low, high = c.values
+            return Leaf(
+                "between",
+                value=(self.ordered(c, cols, ">=", low), self.ordered(c, cols, "<=", high)),
+                on_list=on_list,
             )
-        return self.bind(
-            f"{col['text']} {operator} ?", value if isinstance(value, str) else _number_text(value)
-        )
+        if c.operator in ("=", "!="):
+            column, bound = self.comparable(c, cols, c.values[0])
+            # MLflow: runs without the key do not match `!=` either
+            return Leaf(
+                "eq", column=column, value=bound, negate=c.operator == "!=", on_list=on_list
+            )
+        return self.ordered(c, cols, c.operator, c.values[0])
 
-    def null_check(self, target: Field, is_null: bool) -> str:
-        if target.entity == "attributes":
-            return f"({ATTRIBUTES[target.key]} IS {'' if is_null else 'NOT '}NULL)"
-        present = self.condition(target, lambda col: "TRUE")
-        return f"(NOT {present})" if is_null else present
+    def _check_types(self, c: Comparison) -> None:
+        """Type errors are the user's whether or not a run has the field."""
+        target = c.field
+        numeric = target.entity == "metrics" or (
+            target.entity == "attributes" and target.key in NUMERIC_ATTRIBUTES
+        )
+        if not numeric or c.operator in ("null", "notnull", "like", "ilike"):
+            return
+        for value in c.values:
+            if self.normalise(value)[0] is None:
+                if target.entity == "metrics" and c.operator in ("=", "!=", "in"):
+                    raise self.error(c, f"metrics compare with numbers, got {value!r}")
+                if target.entity == "attributes" and c.operator in ("=", "!=", "in"):
+                    raise self.error(
+                        c,
+                        f"attributes.{target.key} compares with epoch milliseconds, got {value!r}",
+                    )
+                raise self.error(c, f"{target.label} compares with numbers, got {value!r}")
+
+    def comparable(self, c: Comparison, cols: Columns, value) -> tuple[str, object]:
+        """The column and bound value an equality of ``value`` compares."""
+        number, canonical = self.normalise(value)
+        if c.field.entity == "metrics" or (
+            c.field.entity == "attributes" and c.field.key in NUMERIC_ATTRIBUTES
+        ):
+            return "num", number
+        if c.field.entity == "params":
+            # numeric (and boolean) equivalence: '1e-05' = '0.00001', 'True' = 'true'
+            return "norm", canonical
+        return "text", value if isinstance(value, str) else _number_text(value)
+
+    def ordered(self, c: Comparison, cols: Columns, operator: str, value) -> Leaf:
+        number, _ = self.normalise(value)
+        if number is not None and cols.num is not None:
+            return Leaf("cmp", column="num", operator=operator, value=number)
+        text = value if isinstance(value, str) else _number_text(value)
+        return Leaf("cmp", column="text", operator=operator, value=text, on_list=cols.is_list)
+
+
+def count_leaves(tree: tuple | None) -> int:
+    """Comparisons in the tree once OR-ed equalities of a field are merged into one."""
+    if tree is None:
+        return 0
+    count, stack = 0, [tree]
+    while stack:
+        node = stack.pop()
+        if node[0] == "cmp":
+            count += 1
+        elif node[0] == "not":
+            stack.append(node[1])
+        else:
+            stack.extend(merge_equalities(node[1]) if node[0] == "or" else node[1])
+    return count
+
+
+def compile_where(parsed: ParsedFilter, columns: dict[Field, Columns | None]) -> Compiled:
+    """The SQL condition of ``parsed``; ``columns[f]`` is None for a field no run has."""
+    if parsed.tree is None:
+        return Compiled("TRUE", [])
+    compiler = _Compiler(parsed, columns)
+    sql = compiler.node(parsed.tree)
+    # IS TRUE keeps DuckDB from splitting a long AND into thousands of separate filters
+    return Compiled(f"({sql}) IS TRUE", compiler.params)
+
+
+def compile_filter(text: str, columns: dict[Field, Columns | None] | None = None) -> Compiled:
+    """Parse and compile ``text``; without ``columns`` every field counts as absent (a check
+    of the filter's syntax and types that needs no warehouse)."""
+    return compile_where(parse_filter(text), columns or {})
+
+
+class _Compiler:
+    """The filter as one SQL condition (small filters: DuckDB plans each comparison)."""
+
+    def __init__(self, parsed: ParsedFilter, columns: dict[Field, Columns | None]):
+        self.planner = LeafPlanner(parsed, columns)
+        self.columns = columns
+        self.params: list = []
+
+    def node(self, tree: tuple) -> str:
+        kind = tree[0]
+        if kind == "not":
+            return f"(NOT {self.node(tree[1])})"
+        if kind == "cmp":
+            return self.comparison(tree[1])
+        children = tree[1]
+        if kind == "or":
+            children = merge_equalities(children)
+        return _balanced([self.node(c) for c in children], kind.upper())
+
+    def bind(self, value) -> str:
+        self.params.append(value)
+        return "?"
+
+    def comparison(self, c: Comparison) -> str:
+        leaf = self.planner.leaf(c)
+        if leaf.kind == "const":
+            return "TRUE" if leaf.value else "FALSE"
+        cols = self.columns[c.field]
+        if leaf.kind == "present":
+            present = f"coalesce({cols.present}, false)"
+            return f"(NOT {present})" if leaf.negate else present
+        if leaf.on_list:
+            return self._on_list(leaf, cols)
+        condition = self.test(leaf, cols)
+        return f"coalesce({cols.present} AND {condition}, false)"
+
+    def column(self, leaf: Leaf, cols: Columns) -> str:
+        return {"text": cols.text, "num": cols.num, "norm": cols.norm}[leaf.column]
+
+    def test(self, leaf: Leaf, cols: Columns, item: str | None = None) -> str:
+        column = item or self.column(leaf, cols)
+        if leaf.kind == "between":
+            low, high = leaf.value
+            return f"({self.test(low, cols, item)} AND {self.test(high, cols, item)})"
+        if leaf.kind == "like":
+            text = item or f"CAST({cols.text} AS VARCHAR)"
+            return f"{text} {leaf.operator.upper()} {self.bind(leaf.value)}"
+        if leaf.kind == "in":
+            values = leaf.value
+            if len(values) < _LIST_JOIN_AT:
+                return f"{column} IN ({', '.join(self.bind(v) for v in values)})"
+            kind = "DOUBLE" if isinstance(values[0], float) else "VARCHAR"
+            return f"{column} IN (SELECT unnest({self.bind(values)}::{kind}[]))"
+        if leaf.kind == "eq":
+            test = f"{column} = {self.bind(leaf.value)}"
+            return f"NOT {test}" if leaf.negate else test
+        return f"{column} {leaf.operator} {self.bind(leaf.value)}"
+
+    def _on_list(self, leaf: Leaf, cols: Columns) -> str:
+        """datasets.<field>: some dataset of the run passes the test."""
+        if leaf.kind == "in":
+            return f"coalesce(list_has_any({cols.text}, {self.bind(leaf.value)}::VARCHAR[]), false)"
+        item = "audit_item"
+        condition = self.test(leaf, cols, item)
+        return f"coalesce(len(list_filter({cols.text}, lambda {item}: {condition})) > 0, false)"
+
+
+def merge_equalities(children: list[tuple]) -> list[tuple]:
+    """``f = a or f = b or f IN (c, d)`` -> ``f IN (a, b, c, d)``: one membership test."""
+    groups: dict[Field, list] = {}
+    merged: list = []
+    for child in children:
+        if child[0] == "cmp" and child[1].operator in ("=", "in"):
+            comparison = child[1]
+            if comparison.field not in groups:
+                groups[comparison.field] = []
+                merged.append(comparison.field)
+            groups[comparison.field].append(comparison)
+        else:
+            merged.append(child)
+    out = []
+    for item in merged:
+        if not isinstance(item, Field):
+            out.append(item)
+            continue
+        comparisons = groups[item]
+        if len(comparisons) == 1:
+            out.append(("cmp", comparisons[0]))
+        else:
+            values = [v for c in comparisons for v in c.values]
+            out.append(("cmp", Comparison(item, "in", values, comparisons[0].token)))
+    return out
+
+
+def _balanced(parts: list[str], operator: str) -> str:
+    """``a OP b OP c ...`` as a balanced tree: depth log2(n), not n."""
+    while len(parts) > 1:
+        parts = [
+            f"({parts[i]} {operator} {parts[i + 1]})" if i + 1 < len(parts) else parts[i]
+            for i in range(0, len(parts), 2)
+        ]
+    return parts[0]
 
 
 def _normalise_literals(tokens: list[Token]) -> dict[str, tuple[float | None, str]]:
@@ -485,45 +694,40 @@ def _unquote(text: str) -> str:
     body = text[1:-1]
     if text[0] == "'":
         body = body.replace("''", "'")
-    return re.sub(r"\\(.)", r"\1", body)
+    return _ESCAPE.sub(r"\1", body) if "\\" in body else body
+
+
+_ESCAPE = re.compile(r"\\(.)")
 
 
 def _number_text(value: float) -> str:
     return str(int(value)) if value == int(value) else repr(value)
 
 
-def compile_filter(text: str, wide: dict[str, set[str]] | None = None) -> Compiled:
-    return Parser(text or "", wide).parse()
+MAX_ORDER_EXPRESSIONS = 16
 
 
-ORDER = re.compile(r"^\s*(.+?)\s*(?:\s(asc|desc))?\s*$", re.IGNORECASE)
-
-
-def compile_order(expressions: list[str]) -> tuple[str, list]:
-    """``metrics.acc DESC``, ``params.lr``, ``attributes.start_time`` -> ORDER BY (numeric-aware)."""
-    parts, params = [], []
+def parse_order(expressions: list[str]) -> list[tuple[Field, str]]:
+    """``metrics.acc DESC``, ``params.lr``, ``attributes.start_time`` -> (field, direction)."""
+    if len(expressions) > MAX_ORDER_EXPRESSIONS:
+        raise InputError(
+            f"--order-by given {len(expressions)} times; the limit is {MAX_ORDER_EXPRESSIONS}"
+        )
+    out = []
     for expression in expressions:
-        match = ORDER.match(expression)
-        direction = (match.group(2) or "asc").upper()
-        parser = Parser(match.group(1))
+        if not isinstance(expression, str) or not expression.strip():
+            raise InputError(
+                "--order-by needs a field, e.g. 'metrics.acc DESC' or 'params.lr' (got an empty one)"
+            )
+        words = expression.strip().rsplit(None, 1)
+        direction = "ASC"
+        if len(words) == 2 and words[1].lower() in ("asc", "desc"):
+            expression, direction = words[0], words[1].upper()
+        parser = Parser(expression)
         target = parser.parse_field()
         if parser.current.kind != "end":
             raise parser.error("expected ASC or DESC after the field")
-        if target.entity == "attributes":
-            parts.append(f"{ATTRIBUTES[target.key]} {direction} NULLS LAST")
-            continue
-        if target.entity == "params":
-            table, num, text = "params", "value_num", "value"
-        elif target.entity == "tags":
-            table, num, text = "tags", "TRY_CAST(value AS DOUBLE)", "value"
-        elif target.entity == "metrics":
-            table, num, text = "latest_metrics", "value", "CAST(value AS VARCHAR)"
-        else:
-            raise parser.error("order by params, metrics, tags or attributes")
-        lookup = (
-            f"FROM {table} x WHERE x.source_id = r.source_id AND x.run_id = r.run_id AND x.key = ?"
-        )
-        parts.append(f"(SELECT {num} {lookup}) {direction} NULLS LAST")
-        parts.append(f"(SELECT {text} {lookup}) {direction} NULLS LAST")
-        params += [target.key, target.key]
-    return ", ".join(parts), params
+        if target.entity == "datasets" or target.aggregate is not None:
+            raise parser.error("order by params, metrics, tags or attributes", parser.tokens[0])
+        out.append((target, direction))
+    return out

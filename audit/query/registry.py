@@ -9,6 +9,7 @@ Every method opens the warehouse read-only: a search can run while nothing else 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tomllib
 from dataclasses import dataclass
@@ -18,10 +19,14 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from audit import atomic
 from audit.config import Config, load_config
 from audit.errors import InputError, utf8_problem
 from audit.importers.params import flatten_config, normalise_value
-from audit.query.filter import compile_filter, compile_order
+from audit.query.bulk import SQL_LEAVES, BulkEvaluator, fetch_columns
+from audit.query.fields import FieldColumns, lock_down
+from audit.query.fields import shown_fields as _shown_fields
+from audit.query.filter import compile_where, count_leaves, parse_filter, parse_order
 from audit.warehouse import open_warehouse
 
 VIEWS = {
@@ -71,9 +76,18 @@ class Registry:
         self._wide: dict[str, set[str]] | None = None
 
     def _open(self):
-        """The read-only connection, opened on first use and kept for later calls."""
+        """The read-only connection, opened on first use and kept for later calls.
+
+        It runs locked down like ``sql()``: no file or network access, no extensions.
+        """
         if self._warehouse is None:
-            self._warehouse = open_warehouse(self.db, read_only=True)
+            warehouse = open_warehouse(self.db, read_only=True)
+            try:
+                lock_down(warehouse.con)
+            except BaseException:
+                warehouse.close()
+                raise
+            self._warehouse = warehouse
         return _Borrowed(self._warehouse)
 
     def close(self) -> None:
@@ -96,26 +110,14 @@ class Registry:
         columns: list[str] | None = None,
         include_deleted: bool = False,
     ) -> pl.DataFrame:
-        from audit.importers.search_index import column as wide_column
-
+        parsed = parse_filter(filter_text)
+        order = parse_order(list(order_by or []))
+        shown = _shown_fields(columns, parsed, order)
         with self._open() as wh:
             wide = self._wide_keys(wh)
-            compiled = compile_filter(filter_text, wide)
-            order_sql, order_params = compile_order(order_by or [])
-            wanted = (
-                columns if columns is not None else _default_columns(compiled.keys, order_by or [])
+            fields = FieldColumns(
+                wh, wide, [*parsed.fields, *(f for f, _ in order), *shown.values()]
             )
-            selected, remaining = [], []
-            for name in wanted:
-                entity, _, key = name.partition(".")
-                key = key.strip("`")
-                if entity in ("params", "tags", "metrics") and key in wide.get(entity, set()):
-                    suffix = "#raw" if entity == "params" else ""
-                    selected.append(
-                        f"r.{wide_column(f'{entity}.{key}', suffix)} AS {wide_column(name)}"
-                    )
-                else:
-                    remaining.append(name)
             # the wide table when imports built it (one scan, no joins), else runs + experiments
             source = (
                 "search_runs r"
@@ -123,23 +125,93 @@ class Registry:
                 else "(SELECT r.*, e.name AS experiment FROM runs r LEFT JOIN experiments e "
                 "ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id) r"
             )
-            lifecycle = "" if include_deleted else "r.lifecycle_stage = 'active' AND "
+            lifecycle = "TRUE" if include_deleted else "r.lifecycle_stage = 'active'"
+            if count_leaves(parsed.tree) > SQL_LEAVES:
+                where, where_params = self._bulk_matches(wh, parsed, fields, source, lifecycle)
+            else:
+                compiled = compile_where(parsed, fields.columns)
+                where, where_params = compiled.sql, compiled.params
+            # user text never names a column: the shown fields get generated aliases
+            aliases = {f"audit_c{i}": name for i, name in enumerate(shown)}
+            selected = [
+                f"{fields.display(field)} AS {alias}"
+                for alias, field in zip(aliases, shown.values(), strict=True)
+            ]
+            order_sql = fields.order_sql(order)
             sql = (
                 "SELECT r.source_id, r.run_id, r.name AS run_name, r.experiment, r.status, r.user_id, "
                 "r.start_time, r.end_time"
                 + "".join(", " + c for c in selected)
-                + f" FROM {source} "
-                f"WHERE {lifecycle}({compiled.sql}) "
+                + f" FROM {source} {fields.joins} "
+                f"WHERE {lifecycle} AND {where} "
                 f"ORDER BY {order_sql + ', ' if order_sql else ''}r.start_time DESC, r.run_id"
                 + (" LIMIT ?" if limit else "")
             )
-            params = [*compiled.params, *order_params, *([limit] if limit else [])]
-            runs = wh.frame(sql, params)
-            runs = self._with_columns(wh, runs, remaining)
-            return runs.select(
-                [c for c in runs.columns if c not in wanted]
-                + [c for c in wanted if c in runs.columns]
-            )
+            params = [*fields.params, *where_params, *([limit] if limit else [])]
+            try:
+                runs = wh.frame(sql, params)
+            except duckdb.OutOfMemoryException:
+                raise InputError(
+                    "the search needs more memory than DuckDB may use here; narrow the filter "
+                    "or the --columns"
+                ) from None
+            finally:
+                with contextlib.suppress(Exception):
+                    wh.con.unregister("audit_matches")
+            return runs.rename(aliases)
+
+    @staticmethod
+    def _bulk_matches(wh, parsed, fields, source: str, lifecycle: str) -> tuple[str, list]:
+        """A large filter evaluated by polars over each run's field values: the condition
+        keeping the runs it matched (a join against their ids, registered as a frame)."""
+        fetch = fetch_columns(fields.columns, parsed.fields)
+        sql = (
+            "SELECT r.source_id, r.run_id"
+            + "".join(f", {expression} AS {alias}" for alias, expression in fetch.items())
+            + f" FROM {source} {fields.joins} WHERE {lifecycle}"
+        )
+        frame = wh.frame(sql, fields.params)
+        mask = BulkEvaluator(parsed, fields.columns, frame, wh.con).mask()
+        wh.con.register("audit_matches", frame.filter(mask).select("source_id", "run_id"))
+        return (
+            "EXISTS (SELECT 1 FROM audit_matches m "
+            "WHERE m.source_id = r.source_id AND m.run_id = r.run_id)",
+            [],
+        )
+
+    def missing_keys(self, filter_text: str) -> list[str]:
+        """For each params/metrics/tags key of ``filter_text`` that no run has, a hint naming
+        the closest existing key (for an empty result)."""
+        parsed = parse_filter(filter_text)
+        hints = []
+        with self._open() as wh:
+            for entity, table in (
+                ("params", "params"),
+                ("metrics", "latest_metrics"),
+                ("tags", "tags"),
+            ):
+                wanted = sorted({f.key for f in parsed.fields if f.entity == entity})
+                if not wanted:
+                    continue
+                known = [
+                    r[0]
+                    for r in wh.con.execute(
+                        f"SELECT DISTINCT key FROM {table} ORDER BY key LIMIT 100000"
+                    ).fetchall()
+                ]
+                present = set(known)
+                for key in wanted:
+                    if key in present:
+                        continue
+                    singular = entity.rstrip("s")
+                    hint = f"no run has a {singular} {key!r}"
+                    if known:
+                        close = " or ".join(repr(k) for k in closest_keys(key, known))
+                        hint += f"; the closest existing: {close}"
+                    else:
+                        hint += f" (the warehouse has no {entity} at all)"
+                    hints.append(hint)
+        return hints
 
     def _wide_keys(self, wh) -> dict[str, set[str]]:
         """Keys with columns in the wide search table (built by imports), per entity."""
@@ -165,31 +237,6 @@ class Registry:
             if names and not wide:
                 self._wide = {"params": set()}
         return self._wide
-
-    def _with_columns(self, wh, runs: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
-        if runs.is_empty() or not columns:
-            return runs
-        wh.con.register("audit_found", runs.select("source_id", "run_id"))
-        try:
-            for column in columns:
-                entity, _, key = column.partition(".")
-                key = key.strip("`")
-                table = {"params": "params", "metrics": "latest_metrics", "tags": "tags"}.get(
-                    entity
-                )
-                if table is None or not key:
-                    raise InputError(
-                        f"--columns takes params.<key>, metrics.<key> or tags.<key>, got {column!r}"
-                    )
-                values = wh.frame(
-                    f'SELECT x.source_id, x.run_id, x.value AS "{column}" FROM {table} x '
-                    "JOIN audit_found f ON f.source_id = x.source_id AND f.run_id = x.run_id WHERE x.key = ?",
-                    [key],
-                )
-                runs = runs.join(values, on=["source_id", "run_id"], how="left")
-        finally:
-            wh.con.unregister("audit_found")
-        return runs
 
     # -- already run? -----------------------------------------------------------------------
     def similar(
@@ -403,12 +450,7 @@ class Registry:
         try:
             con = wh.con
             _create_views(con)
-            # Settings belong to the database instance, which other connections of this
-            # process may share: lock it down once, and refuse to run if that failed.
-            if con.execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]:
-                con.execute("SET enable_external_access = false")
-            if not con.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0]:
-                con.execute("SET lock_configuration = true")
+            lock_down(con)
             try:
                 statements = con.extract_statements(query)
             except duckdb.Error as exc:
@@ -429,22 +471,40 @@ class Registry:
 
     # -- export ------------------------------------------------------------------------------------
     def export_parquet(self, folder: Path) -> dict[str, int]:
-        """Every table as Hive-partitioned Parquet under ``folder/<table>/<column>=<value>/``."""
+        """Every table as Hive-partitioned Parquet under ``folder/<table>/<column>=<value>/``.
+
+        Written into a temporary folder next to ``folder`` and renamed into place, so an
+        interrupted export leaves no partial folder.
+        """
         folder = Path(folder)
-        if folder.exists() and any(folder.iterdir()):
-            raise InputError(f"{folder} is not empty; export into a new or empty folder")
-        folder.mkdir(parents=True, exist_ok=True)
-        counts = {}
-        with self._open() as wh:
-            for table, partition in EXPORT_PARTITIONS.items():
-                count = wh.scalar(f"SELECT count(*) FROM {table}")
-                counts[table] = count
-                target = folder / table
-                if count == 0:
-                    continue
-                wh.con.execute(
-                    f"COPY (SELECT * FROM {table}) TO '{_sql_path(target)}' (FORMAT parquet, PARTITION_BY ({partition}))"
-                )
+        # COPY needs file access, which search connections give up for good: this one is
+        # a connection of its own, opened after the kept one is closed
+        self.close()
+        counts: dict[str, int] = {}
+
+        def build(target: Path) -> None:
+            with open_warehouse(self.db, read_only=True) as wh:
+                if not wh.scalar("SELECT current_setting('enable_external_access')"):
+                    raise InputError(
+                        "cannot export: another connection of this process to the warehouse "
+                        "has file access disabled (a search or sql); close it first"
+                    )
+                for table, partition in EXPORT_PARTITIONS.items():
+                    count = wh.scalar(f"SELECT count(*) FROM {table}")
+                    counts[table] = count
+                    if count == 0:
+                        continue
+                    try:
+                        wh.con.execute(
+                            f"COPY (SELECT * FROM {table}) TO '{_sql_path(target / table)}' "
+                            f"(FORMAT parquet, PARTITION_BY ({partition}))"
+                        )
+                    except duckdb.Error as exc:
+                        raise InputError(
+                            f"cannot write {folder}: {_first_line(exc)}; nothing was exported"
+                        ) from None
+
+        atomic.build_folder(folder, build)
         return counts
 
 
@@ -578,18 +638,30 @@ def _create_views(con) -> None:
         )
 
 
-def _default_columns(keys: list[tuple[str, str]], order_by: list[str]) -> list[str]:
-    out = []
-    for entity, key in keys:
-        if entity in ("params", "metrics", "tags"):
-            column = f"{entity}.{key}"
-            if column not in out:
-                out.append(column)
-    for expression in order_by:
-        head = expression.split()[0]
-        if head.split(".", 1)[0] in ("params", "metrics", "tags") and head not in out:
-            out.append(head)
-    return out
+def closest_keys(key: str, known: list[str]) -> list[str]:
+    """The existing keys a mistyped or abbreviated ``key`` most likely meant: the same in
+    another case, else those with these initials (``lr``: ``learning_rate``,
+    ``lora_rank``), else the closest spelling."""
+    import difflib
+    import re
+
+    wanted = key.lower()
+    same = [k for k in known if k.lower() == wanted]
+    if same:
+        return same[:3]
+
+    def spelling(candidate: str) -> float:
+        return difflib.SequenceMatcher(None, wanted, candidate.lower()).ratio()
+
+    initials = [
+        k
+        for k in known
+        if len(wanted) > 1
+        and "".join(w[0] for w in re.split(r"[_./\-\s]+", k.lower()) if w) == wanted
+    ]
+    if initials:
+        return sorted(initials, key=lambda k: (-spelling(k), k))[:3]
+    return [max(known, key=lambda k: (spelling(k), -len(k)))]
 
 
 MAX_CONFIG_BYTES = 16 << 20

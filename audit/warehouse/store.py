@@ -48,7 +48,18 @@ class Warehouse:
             self.con.execute("ROLLBACK")
             raise
         with interrupts.uninterruptible_commit():
-            self.con.execute("COMMIT")
+            try:
+                self.con.execute("COMMIT")
+            except duckdb.TransactionException as exc:
+                # a full disk or a file-size limit while DuckDB writes its log: the
+                # transaction is not committed, so the warehouse stays as it was
+                if "Could not write file" not in str(exc):
+                    raise
+                reason = str(exc).rsplit(": ", 1)[-1]
+                raise WarehouseError(
+                    f"cannot write the warehouse {self.path}: {reason}; nothing of this "
+                    "command was stored (free some space and run it again)"
+                ) from None
 
     def frame(self, sql: str, params: list | None = None) -> pl.DataFrame:
         """Run a query and return a polars frame (bound parameters, never interpolation)."""
