@@ -392,7 +392,14 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     con.close()
     # the next import reads those runs again: the sample store has sane times, so they return
     code, out, err = run_cli(
-        "--db", str(db), "ingest", "mlflow", "--tracking-uri", str(SAMPLE / "mlruns")
+        "--db",
+        str(db),
+        "--config",
+        str(demo_db["config"]),  # the links were made with its [links] path_prefixes
+        "ingest",
+        "mlflow",
+        "--tracking-uri",
+        str(SAMPLE / "mlruns"),
     )
     assert code == 0, err
     assert out.startswith("imported 3 new or changed runs (16 unchanged)")
