@@ -113,6 +113,28 @@ FINDING_COLUMNS = (
 )
 
 
+# The subject fields that name a finding, most specific first.
+_SUBJECT_NAMES = (
+    "run_name",
+    "job_id",
+    "host",
+    "dataset_digest",
+    "run_dir",
+    "experiment",
+    "base_model",
+    "team",
+    "evaluated_model",
+)
+
+
+def subject_label(subject: dict) -> str:
+    """The short name of a finding's subject shown in tables and reports."""
+    for key in _SUBJECT_NAMES:
+        if subject.get(key):
+            return str(subject[key])
+    return json.dumps(subject, default=str)
+
+
 @dataclass
 class Finding:
     """One piece of waste (or risk) with its evidence and price.

@@ -56,3 +56,30 @@ def lookalike_metrics(
             [list(words), list(substrings) or ["\x00"], limit],
         )
     ]
+
+
+def cost_after_crossing(run, crossing: dict | None, evidence: dict, what: str):
+    """GPU-hours, dollars and run-hours of ``run`` from the first logged point past its
+    tolerance (``crossing``: ts, step) to its end: what a gate at that step would have
+    saved. Writes the crossing and the formula into ``evidence``; a drop visible only in
+    the final value claims nothing."""
+    end = run.job_end or run.last_seen
+    if crossing is None or crossing["ts"] is None or end is None or crossing["ts"] >= end:
+        evidence["formula"] = (
+            f"the {what} is visible only in the final value: no gate savings claimed"
+        )
+        return 0.0, 0.0, None
+    after = (end - crossing["ts"]).total_seconds() / 3600
+    gpu_hours, usd = run.cost.part(after)
+    evidence["crossed_at"] = {"step": crossing["step"], "time": crossing["ts"]}
+    if gpu_hours is None:
+        evidence["formula"] = (
+            f"{after:.2f} run-hours after the crossing (until {end:%Y-%m-%d %H:%M}); "
+            f"{run.cost.basis}: no GPU-hour or dollar figure"
+        )
+        return None, None, after
+    evidence["formula"] = (
+        f"{run.cost.gpus:g} GPUs × {after:.2f} h after the crossing "
+        f"(until {end:%Y-%m-%d %H:%M}) = {run.cost.formula(gpu_hours)}"
+    )
+    return gpu_hours, usd, None

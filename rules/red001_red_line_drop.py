@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.recipes import red_line_tolerance
 from audit.rule_api import Rule, RuleContext, Severity, Skip
 
-from ._metrics import lookalike_metrics
+from ._metrics import cost_after_crossing, lookalike_metrics
 from ._shared import is_training, recipes
 
 # Words of metric names that look like red-line benchmarks: named when the globs match nothing.
@@ -132,29 +132,7 @@ class RedLineDrop(Rule):
             "drops": drops,
             "red_line_globs": ctx.metric_globs("red_lines"),
         }
-        gpu_hours: float | None = 0.0
-        usd: float | None = 0.0
-        run_hours = None
-        end = run.job_end or run.last_seen
-        if crossing is not None and end is not None and crossing["ts"] < end:
-            after = (end - crossing["ts"]).total_seconds() / 3600
-            gpu_hours, usd = run.cost.part(after)
-            evidence["crossed_at"] = {"step": crossing["step"], "time": crossing["ts"]}
-            if gpu_hours is None:
-                run_hours = after
-                evidence["formula"] = (
-                    f"{after:.2f} run-hours after the crossing (until {end:%Y-%m-%d %H:%M}); "
-                    f"{run.cost.basis}: no GPU-hour or dollar figure"
-                )
-            else:
-                evidence["formula"] = (
-                    f"{run.cost.gpus:g} GPUs × {after:.2f} h after the crossing "
-                    f"(until {end:%Y-%m-%d %H:%M}) = {run.cost.formula(gpu_hours)}"
-                )
-        else:
-            evidence["formula"] = (
-                "the drop is visible only in the final value: no gate savings claimed"
-            )
+        gpu_hours, usd, run_hours = cost_after_crossing(run, crossing, evidence, "drop")
         more = f"; {len(drops)} red-line metrics dropped" if len(drops) > 1 else ""
         return self.finding(
             subject={"run_id": run.run_id, "run_name": run.name},

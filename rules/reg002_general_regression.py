@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._metrics import glob_sql
+from ._metrics import cost_after_crossing, glob_sql
 from ._shared import recipes
 
 
@@ -132,34 +132,12 @@ class GeneralRegression(Rule):
             ],
         )[0]
         worst = min(drops.items(), key=lambda kv: kv[1]["change"])
-        gpu_hours: float | None = 0.0
-        usd: float | None = 0.0
-        run_hours = None
         evidence = {
             "baseline_run": {"run_id": baseline.run_id, "name": baseline.name},
             "drops": {k: {n: round(x, 4) for n, x in v.items()} for k, v in drops.items()},
             "tolerance": tolerance,
         }
-        end = run.job_end or run.last_seen
-        if crossing["ts"] is not None and end and crossing["ts"] < end:
-            after = (end - crossing["ts"]).total_seconds() / 3600
-            gpu_hours, usd = run.cost.part(after)
-            evidence["crossed_at"] = {"step": crossing["step"], "time": crossing["ts"]}
-            if gpu_hours is None:
-                run_hours = after
-                evidence["formula"] = (
-                    f"{after:.2f} run-hours after the crossing (until {end:%Y-%m-%d %H:%M}); "
-                    f"{run.cost.basis}: no GPU-hour or dollar figure"
-                )
-            else:
-                evidence["formula"] = (
-                    f"{run.cost.gpus:g} GPUs × {after:.2f} h after the crossing "
-                    f"(until {end:%Y-%m-%d %H:%M}) = {run.cost.formula(gpu_hours)}"
-                )
-        else:
-            evidence["formula"] = (
-                "the regression is visible only in the final value: no gate savings claimed"
-            )
+        gpu_hours, usd, run_hours = cost_after_crossing(run, crossing, evidence, "regression")
         name, change = worst[0], worst[1]
         return self.finding(
             subject={"run_id": run.run_id, "run_name": run.name},

@@ -10,7 +10,7 @@ import click
 from audit import atomic
 from audit.cli import AppContext, cli, pass_app
 from audit.cli.output import safe, table
-from audit.rule_api import Severity
+from audit.rule_api import Severity, subject_label
 from audit.rule_registry import all_rules, get_rule, select_rules
 from audit.scans import scan
 from audit.summary import summarise
@@ -113,7 +113,7 @@ def render_table(result, summary, top: int = 10) -> str:
                     [
                         f.severity.label,
                         f.rule,
-                        _subject(f.subject),
+                        subject_label(f.subject),
                         "?" if f.gpu_hours is None else f"{f.gpu_hours:,.1f}",
                         "?" if f.usd is None else f"{f.usd:,.2f}",
                         f.message,
@@ -160,26 +160,9 @@ def render_markdown(result, summary, top: int = 20) -> str:
     for f in result.active[:top]:
         cost = "unknown" if f.usd is None else f"${f.usd:,.2f}"
         out.append(
-            f"| {f.severity.label} | {f.rule} | {markdown_text(_subject(f.subject))} | {cost} | {markdown_text(f.message)} |"
+            f"| {f.severity.label} | {f.rule} | {markdown_text(subject_label(f.subject))} | {cost} | {markdown_text(f.message)} |"
         )
     return "\n".join(out) + "\n"
-
-
-def _subject(subject: dict) -> str:
-    for key in (
-        "run_name",
-        "job_id",
-        "host",
-        "dataset_digest",
-        "run_dir",
-        "experiment",
-        "base_model",
-        "team",
-        "evaluated_model",
-    ):
-        if subject.get(key):
-            return str(subject[key])
-    return json.dumps(subject, default=str)
 
 
 @cli.command("scan")

@@ -12,6 +12,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from audit.reports import charts
 from audit.reports.weekly import to_json
+from audit.rule_api import subject_label
 from audit.text import markdown_text
 
 HTML_FINDINGS = 200  # beyond this the HTML collapses to counts; the JSON has every finding
@@ -34,26 +35,9 @@ def _environment(html: bool = True) -> Environment:
         v.strftime("%Y-%m-%d %H:%M") if isinstance(v, datetime) else (v or "")
     )
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False)
-    env.filters["subject"] = _subject
+    env.filters["subject"] = subject_label
     env.filters["delta"] = _delta
     return env
-
-
-def _subject(subject: dict) -> str:
-    for key in (
-        "run_name",
-        "job_id",
-        "host",
-        "dataset_digest",
-        "run_dir",
-        "experiment",
-        "base_model",
-        "team",
-        "evaluated_model",
-    ):
-        if subject.get(key):
-            return str(subject[key])
-    return json.dumps(subject, default=str)
 
 
 def _delta(current, previous) -> str:
