@@ -35,19 +35,14 @@ from audit.importers.run_store import (
     write_batch,
 )
 from audit.importers.search_index import refresh_search_tables
+from audit.importers.telemetry import SAMPLE_SCHEMA
 
 # Metric points without run_id: what a parser hands over for one run.
 POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}
+# A run's own GPU samples (W&B system metrics): the telemetry columns a run folder has;
+# job_label, pod and origin are the telemetry importer's to set.
 GPU_SAMPLE_SCHEMA = {
-    "host": pl.String,
-    "gpu": pl.String,
-    "ts": pl.Datetime("us"),
-    "util_pct": pl.Float32,
-    "mem_used_mib": pl.Float32,
-    "mem_total_mib": pl.Float32,
-    "power_w": pl.Float32,
-    "model": pl.String,
-    "uuid": pl.String,
+    k: v for k, v in SAMPLE_SCHEMA.items() if k not in ("job_label", "pod", "origin")
 }
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
 RUN_TABLES = ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs")
