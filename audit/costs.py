@@ -24,6 +24,7 @@ user); a job with runs takes its first run's team, method and base model.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -220,6 +221,18 @@ class Facts:
         self.jobs = jobs
         self._runs = {r.key: r for r in runs}
         self._jobs = {j.key: j for j in jobs}
+        # both lists are ordered by start time, unknown starts last (``load``'s ORDER BY):
+        # the runs or jobs started in a window are one slice, found by bisection
+        self._run_starts = [r.start_time for r in runs if r.start_time is not None]
+        self._job_starts = [j.start_time for j in jobs if j.start_time is not None]
+
+    def runs_in(self, window: Window) -> list[RunFacts]:
+        """The runs started in ``window`` (every run for an unbounded window), by start."""
+        return _started_in(self.runs, self._run_starts, window)
+
+    def jobs_in(self, window: Window) -> list[JobFacts]:
+        """The jobs started in ``window`` (every job for an unbounded window), by start."""
+        return _started_in(self.jobs, self._job_starts, window)
 
     def run(self, source_id: str, run_id: str) -> RunFacts | None:
         return self._runs.get((source_id, run_id))
@@ -295,32 +308,40 @@ class Facts:
         )
         default_gpus = cost_settings["default_gpus_per_run"]
         default_type = cost_settings["default_gpu_type"] or None
+        team_tag = [attribution["team_tag"]]
+        method_keys, base_model_keys = attribution["method_keys"], attribution["base_model_keys"]
+        price_of = _PriceMemo(config)
+        # a job's card model from its hosts' telemetry, once per job (runs share their job's)
+        for job in jobs_raw:
+            job["host_model"] = _host_model(job, host_models)
         runs: list[RunFacts] = []
         runs_of_job: dict[tuple, list[RunFacts]] = defaultdict(list)
+        no_values: dict = {}
         for raw in runs_raw:
-            mine = values.get((raw["source_id"], raw["run_id"]), {})
-            job = jobs_by_key.get((raw["cluster"], raw["job_id"])) if raw["job_id"] else None
+            source_id, run_id, job_id = raw["source_id"], raw["run_id"], raw["job_id"]
+            mine = values.get((source_id, run_id), no_values)
+            job = jobs_by_key.get((raw["cluster"], job_id)) if job_id else None
             last_seen = raw["end_time"] or raw["last_metric"]
             gpu_type = (
                 (job and job["gpu_type"])
                 or _first(mine.get("gpu_type"), type_keys)
                 or default_type
-                or (job and _host_model(job, host_models))
+                or (job and job["host_model"])
             )
-            price, price_key = gpu_price(config, gpu_type)
+            price, price_key = price_of(gpu_type)
             cost = _run_cost(
                 raw, job, mine, count_keys, default_gpus, last_seen, gpu_type, price, price_key
             )
             team, team_source = team_of(
                 order,
-                _first(mine.get("team"), [attribution["team_tag"]]),
+                _first(mine.get("team"), team_tag),
                 job and job["account"],
                 raw["user_id"] or (job and job["user_name"]),
             )
-            method = _first(mine.get("method"), attribution["method_keys"])
+            method = _first(mine.get("method"), method_keys)
             fact = RunFacts(
-                source_id=raw["source_id"],
-                run_id=raw["run_id"],
+                source_id=source_id,
+                run_id=run_id,
                 name=raw["name"],
                 status=raw["status"],
                 lifecycle_stage=raw["lifecycle_stage"],
@@ -335,9 +356,9 @@ class Facts:
                 team=team,
                 team_source=team_source,
                 method=method.lower() if method else None,
-                base_model=_first(mine.get("base_model"), attribution["base_model_keys"]),
+                base_model=_first(mine.get("base_model"), base_model_keys),
                 cluster=raw["cluster"],
-                job_id=raw["job_id"],
+                job_id=job_id,
                 job_start=job and job["start_time"],
                 job_end=job and job["end_time"],
                 job_state=job and job["state"],
@@ -345,13 +366,14 @@ class Facts:
             )
             runs.append(fact)
             if job is not None:
-                runs_of_job[(raw["cluster"], raw["job_id"])].append(fact)
+                runs_of_job[(raw["cluster"], job_id)].append(fact)
         jobs = []
         for raw in jobs_raw:
             linked = runs_of_job.get((raw["cluster"], raw["job_id"]), [])
             first = linked[0] if linked else None
-            gpu_type = raw["gpu_type"] or _host_model(raw, host_models)
-            price, price_key = gpu_price(config, gpu_type)
+            host_model = raw.pop("host_model")  # not a jobs column: kept out of ``extra``
+            gpu_type = raw["gpu_type"] or host_model
+            price, price_key = price_of(gpu_type)
             elapsed = raw["elapsed_s"]
             hours = (
                 elapsed / HOUR
@@ -517,6 +539,28 @@ def _first(found: dict[str, str] | None, keys: list[str]) -> str | None:
     return None
 
 
+def _started_in(items: list, starts: list[datetime], window: Window) -> list:
+    if window.since is None and window.until is None:
+        return items  # the unbounded window holds unknown starts too (Window.contains)
+    lo = 0 if window.since is None else bisect_left(starts, window.since)
+    hi = len(starts) if window.until is None else bisect_left(starts, window.until)
+    return items[lo:hi]
+
+
+class _PriceMemo:
+    """``gpu_price`` once per GPU type: a scan prices 100,000s of runs over a few types."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.known: dict[str | None, tuple[float, str]] = {}
+
+    def __call__(self, gpu_type: str | None) -> tuple[float, str]:
+        found = self.known.get(gpu_type)
+        if found is None:
+            found = self.known[gpu_type] = gpu_price(self.config, gpu_type)
+        return found
+
+
 def _host_model(job: dict, host_models: dict[str, str]) -> str | None:
     for host in job.get("hosts") or []:
         if host in host_models:
@@ -540,11 +584,16 @@ def _run_values(con, wanted: dict[str, list[str]]) -> dict[tuple, dict[str, dict
         """,
         [keys, keys],
     ).fetchall()
+    purposes_of = {k: [p for p, ks in wanted.items() if k in ks] for k in keys}
     for source_id, run_id, key, value, _pos in rows:
-        per_run = out.setdefault((source_id, run_id), {})
-        for purpose, purpose_keys in wanted.items():
-            if key in purpose_keys:
-                per_run.setdefault(purpose, {})[key] = value  # params come last and win
+        per_run = out.get((source_id, run_id))
+        if per_run is None:
+            per_run = out[(source_id, run_id)] = {}
+        for purpose in purposes_of[key]:
+            found = per_run.get(purpose)
+            if found is None:
+                found = per_run[purpose] = {}
+            found[key] = value  # params come last and win
     return out
 
 

@@ -41,8 +41,8 @@ class Wait:
 def waits(facts: Facts, window: Window) -> list[Wait]:
     """GPU jobs that started in the window, with their wait (0 when started at once)."""
     out = []
-    for job in facts.jobs:
-        if job.gpus <= 0 or job.start_time is None or not window.contains(job.start_time):
+    for job in facts.jobs_in(window):
+        if job.gpus <= 0 or job.start_time is None:
             continue
         eligible = job.extra.get("eligible_time")
         since, source = (eligible, "Eligible") if eligible else (job.submit_time, "Submit")

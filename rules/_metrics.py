@@ -83,3 +83,34 @@ def cost_after_crossing(run, crossing: dict | None, evidence: dict, what: str):
         f"(until {end:%Y-%m-%d %H:%M}) = {run.cost.formula(gpu_hours)}"
     )
     return gpu_hours, usd, None
+
+
+def general_values(ctx: RuleContext) -> dict[tuple[str, str], dict[str, float]]:
+    """Per run, the latest value of each metric matching ``[metrics] general`` (REG001,
+    REG002 and EVL002 read it; a report's weekly scans read it once)."""
+
+    def load() -> dict[tuple[str, str], dict[str, float]]:
+        condition, globs = glob_sql(ctx, "general")
+        values: dict[tuple[str, str], dict[str, float]] = {}
+        for source_id, run_id, key, value in ctx.con.execute(
+            f"SELECT source_id, run_id, key, value FROM latest_metrics WHERE {condition}", globs
+        ).fetchall():
+            values.setdefault((source_id, run_id), {})[key] = value
+        return values
+
+    return ctx.once(("general values", tuple(ctx.metric_globs("general"))), load)
+
+
+def runs_with_learning_rate(ctx: RuleContext) -> set[tuple[str, str]]:
+    """Runs with a learning-rate param (``LEARNING_RATE_KEYS``): recognisably training."""
+
+    def load() -> set[tuple[str, str]]:
+        condition = " OR ".join("key GLOB ?" for _ in LEARNING_RATE_KEYS)
+        return set(
+            ctx.con.execute(
+                f"SELECT DISTINCT source_id, run_id FROM params WHERE {condition}",
+                list(LEARNING_RATE_KEYS),
+            ).fetchall()
+        )
+
+    return ctx.once(("learning-rate runs",), load)

@@ -73,23 +73,12 @@ class DuplicateConfig(Rule):
 
     def check(self, ctx: RuleContext):
         volatile = list(ctx.config.values["attribution"]["volatile_params"])
-        ignore_tag = ctx.config.values["attribution"]["ignore_tag"]
-        by_params: dict[str, list[tuple[RunFacts, str, str]]] = {}
-        for row in ctx.rows(SIGNATURES_SQL, [volatile, ignore_tag]):
-            run = ctx.facts.run(row["source_id"], row["run_id"])
-            if run is not None and run.start_time is not None:
-                by_params.setdefault(row["params"], []).append((run, row["commit"], row["digests"]))
-        groups: dict[tuple, list[RunFacts]] = {}
-        for params, members in by_params.items():
-            for (commit, digests), runs in _by_known(members).items():
-                groups[(params, commit, digests)] = runs
         gap = ctx.thresholds["batch_gap_minutes"] * 60
+        repeated = ctx.once(
+            ("DUP001 repeats", tuple(volatile), gap), lambda: _repeated_configs(ctx, volatile, gap)
+        )
         found: list[tuple[str, list[list[RunFacts]], list[RunFacts], RunFacts]] = []
-        for signature, runs in sorted(groups.items()):
-            if len(runs) < 2:
-                continue
-            launches = group_launches(runs, gap)
-            repeats, original = _repeats(launches)
+        for signature, launches, repeats, original in repeated:
             in_window = [r for r in repeats if ctx.window.contains(r.start_time)]
             if not in_window:
                 continue
@@ -208,6 +197,30 @@ FROM runs r JOIN cfg c USING (source_id, run_id)
 LEFT JOIN data d USING (source_id, run_id)
 WHERE NOT EXISTS (SELECT 1 FROM intended i WHERE i.source_id = r.source_id AND i.run_id = r.run_id)
 """
+
+
+def _repeated_configs(ctx: RuleContext, volatile: list[str], gap: float) -> list[tuple]:
+    """Every configuration run more than once over all history, in signature order: its
+    launches, the runs that repeat the original, and the original (the same for every
+    window, so a report's weekly scans group the history once)."""
+    ignore_tag = ctx.config.values["attribution"]["ignore_tag"]
+    by_params: dict[str, list[tuple[RunFacts, str, str]]] = {}
+    for row in ctx.rows(SIGNATURES_SQL, [volatile, ignore_tag]):
+        run = ctx.facts.run(row["source_id"], row["run_id"])
+        if run is not None and run.start_time is not None:
+            by_params.setdefault(row["params"], []).append((run, row["commit"], row["digests"]))
+    groups: dict[tuple, list[RunFacts]] = {}
+    for params, members in by_params.items():
+        for (commit, digests), runs in _by_known(members).items():
+            groups[(params, commit, digests)] = runs
+    out = []
+    for signature, runs in sorted(groups.items()):
+        if len(runs) < 2:
+            continue
+        launches = group_launches(runs, gap)
+        repeats, original = _repeats(launches)
+        out.append((signature, launches, repeats, original))
+    return out
 
 
 def _by_known(members: list[tuple[RunFacts, str, str]]) -> dict[tuple[str, str], list[RunFacts]]:

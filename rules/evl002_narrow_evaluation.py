@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
 from audit.windows import iso_week
 
-from ._metrics import glob_sql
+from ._metrics import general_values
 from ._shared import is_training
 
 
@@ -50,15 +50,8 @@ class NarrowEvaluation(Rule):
     recommendation = "Evaluate at least two general benchmarks of different kinds during training."
 
     def check(self, ctx: RuleContext):
-        condition, globs = glob_sql(ctx, "general")
-        counts = {
-            (r["source_id"], r["run_id"]): r["n"]
-            for r in ctx.rows(
-                f"SELECT source_id, run_id, count(DISTINCT key) AS n FROM latest_metrics "
-                f"WHERE {condition} GROUP BY ALL",
-                globs,
-            )
-        }
+        globs = ctx.metric_globs("general")
+        counts = {run: len(values) for run, values in general_values(ctx).items()}
         if not counts:
             raise Skip(
                 f"no run logged a metric matching [metrics] general ({', '.join(globs) or 'none'}): "
@@ -66,14 +59,13 @@ class NarrowEvaluation(Rule):
             )
         minimum = int(ctx.thresholds["min_general_benchmarks"])
         groups: dict[tuple, list] = {}
-        for run in ctx.facts.runs:
+        for run in ctx.facts.runs_in(ctx.window):
             n = counts.get(run.key, 0)
             if (
                 not 0 < n < minimum
                 or run.status != "FINISHED"
                 or run.lifecycle_stage != "active"
                 or not is_training(ctx, run)
-                or not ctx.window.contains(run.start_time)
             ):
                 continue
             week = iso_week(run.start_time, ctx.config.timezone)

@@ -45,14 +45,13 @@ class TimeLimitOverrequest(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        for job in ctx.facts.jobs:
+        for job in ctx.facts.jobs_in(ctx.window):
             if (
                 job.gpus <= 0
                 or job.state != "COMPLETED"
                 or not job.timelimit_s
                 or not job.elapsed_s
                 or job.elapsed_s < t["min_job_minutes"] * 60
-                or not ctx.window.contains(job.start_time)
             ):
                 continue
             ratio = job.timelimit_s / job.elapsed_s

@@ -77,13 +77,13 @@ class NoPilotRun(Rule):
         unstable = unstable_runs(ctx)
         regressed = regressed_runs(ctx)
         large_gpus, large_hours = ctx.thresholds["large_gpus"], ctx.thresholds["large_gpu_hours"]
-        runs = [r for r in ctx.facts.runs if r.lifecycle_stage == "active" and is_training(ctx, r)]
-        families: dict[tuple, list] = {}
-        for run in runs:
-            family = tuple(sorted(found.family(run).items()))
-            families.setdefault(family, []).append(run)
-        for run in runs:
-            if not ctx.window.contains(run.start_time) or run.start_time is None:
+        families = ctx.once(("PIL001 families",), lambda: _families(ctx, found))
+        for run in ctx.facts.runs_in(ctx.window):
+            if (
+                run.start_time is None
+                or run.lifecycle_stage != "active"
+                or not is_training(ctx, run)
+            ):
                 continue
             cost = run.cost
             if not cost.known:
@@ -91,16 +91,14 @@ class NoPilotRun(Rule):
             if cost.gpus < large_gpus and cost.gpu_hours < large_hours:
                 continue
             family = dict(found.family(run))
-            pilots = [
-                other
-                for other in families[tuple(sorted(family.items()))]
-                if other.key != run.key
+            if any(
+                other.key != run.key
                 and other.start_time is not None
                 and other.start_time < run.start_time
                 and (not other.cost.known or other.cost.gpu_hours < cost.gpu_hours)
-            ]
-            if pilots:
-                continue
+                for other in families[tuple(sorted(family.items()))]
+            ):
+                continue  # a smaller earlier run of the recipe was its pilot
             outcome = _outcome(run, unstable, regressed)
             pilot_gpus = min(ctx.thresholds["pilot_gpus"], cost.gpus)
             pilot_hours = min(ctx.thresholds["pilot_hours"], cost.hours)
@@ -167,3 +165,12 @@ def _outcome(run, unstable: dict, regressed: dict) -> str | None:
         worst = min(regressed[run.key].items(), key=lambda kv: kv[1])
         return f"regressed ({worst[0]} {worst[1]:+.3f} against its baseline)"
     return None
+
+
+def _families(ctx: RuleContext, found) -> dict[tuple, list]:
+    """Active training runs by recipe family, over all history (the same for every window)."""
+    families: dict[tuple, list] = {}
+    for run in ctx.facts.runs:
+        if run.lifecycle_stage == "active" and is_training(ctx, run):
+            families.setdefault(tuple(sorted(found.family(run).items())), []).append(run)
+    return families

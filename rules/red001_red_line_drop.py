@@ -87,14 +87,9 @@ class RedLineDrop(Rule):
                 f"{seen}. Set [metrics] red_lines to the names of your red-line metrics"
             )
         unjudged: dict[str | None, list] = {}
-        for run in ctx.facts.runs:
+        for run in ctx.facts.runs_in(ctx.window):
             values = found.values(run, "red_lines")
-            if (
-                not values
-                or run.lifecycle_stage != "active"
-                or not is_training(ctx, run)
-                or not ctx.window.contains(run.start_time)
-            ):
+            if not values or run.lifecycle_stage != "active" or not is_training(ctx, run):
                 continue
             baseline = found.baseline_of(run)
             reference = found.values(baseline, "red_lines") if baseline else {}

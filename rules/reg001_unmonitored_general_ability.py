@@ -3,7 +3,12 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
 from audit.windows import iso_week
 
-from ._metrics import LEARNING_RATE_KEYS, TRAINING_METHODS_EXCLUDED, glob_sql, lookalike_metrics
+from ._metrics import (
+    TRAINING_METHODS_EXCLUDED,
+    general_values,
+    lookalike_metrics,
+    runs_with_learning_rate,
+)
 
 
 class UnmonitoredGeneralAbility(Rule):
@@ -53,13 +58,8 @@ class UnmonitoredGeneralAbility(Rule):
     )
 
     def check(self, ctx: RuleContext):
-        condition, globs = glob_sql(ctx, "general")
-        monitored = {
-            (r["source_id"], r["run_id"])
-            for r in ctx.rows(
-                f"SELECT DISTINCT source_id, run_id FROM latest_metrics WHERE {condition}", globs
-            )
-        }
+        globs = ctx.metric_globs("general")
+        monitored = general_values(ctx)
         if not monitored:
             lookalikes = lookalike_metrics(ctx)
             seen = (
@@ -73,23 +73,15 @@ class UnmonitoredGeneralAbility(Rule):
                 f"{seen}. Set [metrics] general to the names your general benchmarks use; "
                 "runs are not flagged one by one while the globs match nothing"
             )
-        with_lr = {
-            (r["source_id"], r["run_id"])
-            for r in ctx.rows(
-                "SELECT DISTINCT source_id, run_id, key FROM params WHERE "
-                + " OR ".join("key GLOB ?" for _ in LEARNING_RATE_KEYS),
-                list(LEARNING_RATE_KEYS),
-            )
-        }
+        with_lr = runs_with_learning_rate(ctx)
         groups: dict[tuple, list] = {}
         eligible: dict[tuple, int] = {}
-        for run in ctx.facts.runs:
+        for run in ctx.facts.runs_in(ctx.window):
             if (
                 run.status != "FINISHED"
                 or run.lifecycle_stage != "active"
                 or (run.method or "") in TRAINING_METHODS_EXCLUDED
                 or (run.run_hours or 0) * 60 < ctx.thresholds["min_run_minutes"]
-                or not ctx.window.contains(run.start_time)
                 or (run.method is None and run.key not in with_lr)
             ):
                 continue

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._metrics import cost_after_crossing, glob_sql
+from ._metrics import cost_after_crossing, general_values
 from ._shared import recipes
 
 
@@ -49,27 +49,18 @@ class GeneralRegression(Rule):
 
     def check(self, ctx: RuleContext):
         tolerance = ctx.thresholds["tolerance"]
-        condition, globs = glob_sql(ctx, "general")
         baseline_tag = ctx.config.values["attribution"]["baseline_tag"]
-        facts = ctx.facts.runs
         found = recipes(ctx)  # baselines: the earliest active tagged run per base model
         baselines = found.baselines
-        latest = ctx.rows(
-            f"SELECT source_id, run_id, key, value FROM latest_metrics WHERE {condition}", globs
-        )
-        values: dict[tuple, dict[str, float]] = {}
-        for row in latest:
-            values.setdefault((row["source_id"], row["run_id"]), {})[row["key"]] = row["value"]
+        values = general_values(ctx)
         registered = {
             r["run_id"]
             for r in ctx.rows("SELECT DISTINCT run_id FROM model_versions WHERE run_id IS NOT NULL")
         }
         without_baseline: dict[str | None, list[dict]] = {}
-        for run in facts:
+        for run in ctx.facts.runs_in(ctx.window):
             key = run.key
             if found.is_baseline(run) or key not in values or run.lifecycle_stage != "active":
-                continue
-            if not ctx.window.contains(run.start_time):
                 continue
             baseline = baselines.get(run.base_model)
             if baseline is None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.windows import iso_week
 
-from ._metrics import LEARNING_RATE_KEYS
+from ._metrics import runs_with_learning_rate
 from ._shared import is_training
 
 
@@ -48,14 +48,7 @@ class SamplingSourceNotRecorded(Rule):
 
     def check(self, ctx: RuleContext):
         attribution = ctx.config.values["attribution"]
-        with_lr = {
-            (r["source_id"], r["run_id"])
-            for r in ctx.rows(
-                "SELECT DISTINCT source_id, run_id FROM params WHERE "
-                + " OR ".join("key GLOB ?" for _ in LEARNING_RATE_KEYS),
-                list(LEARNING_RATE_KEYS),
-            )
-        }
+        with_lr = runs_with_learning_rate(ctx)
         teacher_keys = list(attribution["teacher_keys"])
         with_teacher = {
             (r["source_id"], r["run_id"])
@@ -67,11 +60,10 @@ class SamplingSourceNotRecorded(Rule):
         }
         distillation = set(attribution["distillation_methods"])
         groups: dict[tuple, list] = {}
-        for run in ctx.facts.runs:
+        for run in ctx.facts.runs_in(ctx.window):
             if (
                 run.lifecycle_stage != "active"
                 or not is_training(ctx, run)
-                or not ctx.window.contains(run.start_time)
                 or (run.run_hours or 0) * 60 < ctx.thresholds["min_run_minutes"]
                 or (run.method is None and run.key not in with_lr)
             ):

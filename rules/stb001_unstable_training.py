@@ -139,13 +139,9 @@ class UnstableTraining(Rule):
         unstable = unstable_runs(ctx)
         eval_methods = set(ctx.config.values["attribution"]["eval_methods"])
         grace = ctx.thresholds["grace_hours"]
-        for run in ctx.facts.runs:
+        for run in ctx.facts.runs_in(ctx.window):
             signals = unstable.get(run.key)
-            if (
-                not signals
-                or (run.method or "") in eval_methods
-                or not ctx.window.contains(run.start_time)
-            ):
+            if not signals or (run.method or "") in eval_methods:
                 continue
             first = signals[0]
             end = run.job_end or run.last_seen
