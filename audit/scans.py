@@ -186,6 +186,16 @@ def scan(
     return ScanResult(scan_id, started_at, config.digest, window, results)
 
 
+# When the warehouse's data last changed: the last import, file import or prune. A stored
+# scan or report made after it (and after its window closed) is what computing again gives.
+LAST_CHANGE_SQL = """
+    SELECT coalesce(max(t), TIMESTAMP '0001-01-01') FROM (
+        SELECT max(finished_at) AS t FROM import_log
+        UNION ALL SELECT max(imported_at) FROM file_imports
+        UNION ALL SELECT max(applied_at) FROM prune_log)
+"""
+
+
 def complete_scan(wh, config: Config, window: Window, fresh: bool) -> int | None:
     """The latest stored scan of exactly ``window`` with every rule and this configuration.
 
@@ -196,13 +206,7 @@ def complete_scan(wh, config: Config, window: Window, fresh: bool) -> int | None
     if not window.bounded:
         return None
     freshness = (
-        """AND started_at >= window_end AND started_at >= (
-               SELECT coalesce(max(t), TIMESTAMP '0001-01-01') FROM (
-                   SELECT max(finished_at) AS t FROM import_log
-                   UNION ALL SELECT max(imported_at) FROM file_imports
-                   UNION ALL SELECT max(applied_at) FROM prune_log))"""
-        if fresh
-        else ""
+        f"AND started_at >= window_end AND started_at >= ({LAST_CHANGE_SQL})" if fresh else ""
     )
     rows = wh.con.execute(
         f"""

@@ -93,7 +93,8 @@ def regenerate_golden(request) -> bool:
 
 @pytest.fixture
 def fresh_demo_db(demo_db, tmp_path):
-    """A copy of the sample-week warehouse without any stored scan (scan ids start at 1)."""
+    """A copy of the sample-week warehouse without any stored scan (scan ids start at 1) or
+    stored report."""
     import shutil
 
     import duckdb
@@ -101,7 +102,7 @@ def fresh_demo_db(demo_db, tmp_path):
     db = tmp_path / "demo.duckdb"
     shutil.copy(demo_db["db"], db)
     con = duckdb.connect(str(db))
-    for table in ("scans", "findings", "rule_results"):
+    for table in ("scans", "findings", "rule_results", "report_models"):
         con.execute(f"DELETE FROM {table}")
     con.close()
     return {**demo_db, "db": db}

@@ -164,6 +164,74 @@ def test_ad_hoc_scans_are_never_reused_as_the_week(run_cli, fresh_demo_db):
     assert json.loads(again)["scan_id"] == 3
 
 
+def _stored(db: Path, sql: str):
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_later_render_reads_the_stored_report_until_the_data_or_config_changes(
+    run_cli, fresh_demo_db, tmp_path
+):
+    db = fresh_demo_db["db"]
+    renders = {}
+    for fmt in ("md", "json", "html"):
+        target = tmp_path / f"first.{fmt}"
+        code, _, err = weekly(run_cli, fresh_demo_db, "--format", fmt, "--output", str(target))
+        assert code == 0, err
+        renders[fmt] = target.read_text()
+    # the first render computed and stored the week once; md, json and html share it
+    assert _stored(db, "SELECT count(*) FROM report_models") == [(1,)]
+    scans = _stored(db, "SELECT count(*) FROM scans")
+    for fmt in ("md", "json", "html"):
+        target = tmp_path / f"again.{fmt}"
+        assert weekly(run_cli, fresh_demo_db, "--format", fmt, "--output", str(target))[0] == 0
+        assert target.read_text() == renders[fmt], f"{fmt}: the stored report renders otherwise"
+    assert _stored(db, "SELECT count(*) FROM scans") == scans  # nothing was scanned again
+    # an import since: the week is computed again (a new scan) and the stored row replaced
+    code, _, err = run_cli(
+        "--db", str(db), "--config", str(fresh_demo_db["config"]),
+        "ingest", "checkpoints", str(fresh_demo_db["scratch"]), env=PINNED,
+    )  # fmt: skip
+    assert code == 0, err
+    made = _stored(db, "SELECT made_at FROM report_models")
+    assert weekly(run_cli, fresh_demo_db, "--format", "json")[0] == 0
+    assert _stored(db, "SELECT count(*) FROM scans")[0][0] == scans[0][0] + 1
+    assert _stored(db, "SELECT made_at FROM report_models")[0][0] > made[0][0]
+    # another configuration: another stored report, the first one kept for its config
+    other = tmp_path / "other.toml"
+    other.write_text(
+        fresh_demo_db["config"].read_text() + "\n[prices]\nstorage_gb_month_usd = 0.5\n"
+    )
+    code, out, err = run_cli(
+        "--db", str(db), "--config", str(other),
+        "report", "weekly", "--week", "2026-W47", "--format", "json", env=PINNED,
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["headline"] != json.loads(renders["json"])["headline"]
+    assert _stored(db, "SELECT count(DISTINCT config_hash) FROM report_models") == [(2,)]
+
+
+def test_stored_report_data_renders_exactly_as_computed(fresh_demo_db):
+    """Times, nested lists and every value a template reads survive the JSON it is kept as."""
+    from audit.config import load_config
+    from audit.reports.render import render_html, render_json, render_markdown
+    from audit.reports.weekly import build_report, model_from_json, model_to_json
+    from audit.warehouse.store import open_warehouse
+    from audit.windows import parse_week
+
+    config = load_config(fresh_demo_db["config"])
+    with open_warehouse(fresh_demo_db["db"]) as wh:
+        report = build_report(wh, config, parse_week("2026-W47", config.timezone))
+    again = model_from_json(model_to_json(report))
+    for render in (render_html, render_markdown, render_json):
+        assert render(again) == render(report)
+
+
 def test_default_week_is_the_last_complete_one(run_cli, fresh_demo_db):
     code, out, _ = run_cli(
         "--db",

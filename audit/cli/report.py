@@ -66,10 +66,10 @@ def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
         window = Window(since, until, f"{since:%Y-%m-%d} to {until:%Y-%m-%d}")
     else:
         window = parse_week(week, config.timezone) if week else last_complete_week(config.timezone)
-    from audit.reports.weekly import build_report
+    from audit.reports.weekly import weekly_report
 
     with app.warehouse() as wh:
-        report = build_report(wh, config, window, weekly=True)
+        report = weekly_report(wh, config, window)
     text = {"html": render_html, "md": render_markdown, "json": render_json}[fmt](report)
     if fmt == "html" and output is None:
         output = Path(f"weekly-{window.label.replace(' ', '_')}.html")

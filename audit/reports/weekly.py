@@ -8,14 +8,18 @@ new/open/resolved findings, cost categories and data coverage. Renderers (HTML, 
 
 from __future__ import annotations
 
+import hashlib
 import json
+from datetime import UTC, date, datetime
+from functools import cache
+from pathlib import Path
 
 from audit.config import Config
 from audit.costs import shared_facts
 from audit.queue import by_team_and_partition, waits
 from audit.recipes import method_matrix, shared_recipes
-from audit.rule_registry import effective_thresholds, get_rule, select_rules
-from audit.scans import ScanResult, complete_scan, load_scan, scan
+from audit.rule_registry import all_rules, effective_thresholds, get_rule, select_rules
+from audit.scans import LAST_CHANGE_SQL, ScanResult, complete_scan, load_scan, scan, selection
 from audit.status import warehouse_status
 from audit.summary import summarise
 from audit.windows import Window, now
@@ -29,6 +33,77 @@ def _week_scan(wh, config: Config, rules, window: Window, shared: dict, fresh: b
     if stored is not None:
         return load_scan(wh, stored)
     return scan(wh, config, rules, window, shared)
+
+
+def weekly_report(wh, config: Config, window: Window) -> dict:
+    """The weekly report of ``window``: the stored one when nothing changed since it was
+    computed (same week, configuration and code, made after the week ended and after the
+    last import or prune), else computed now and stored for the next render."""
+    key = [window.since, window.until, window.label, config.digest, code_digest()]
+    stored = wh.con.execute(
+        f"""
+        SELECT model FROM report_models
+        WHERE window_start = ? AND window_end = ? AND window_label = ? AND config_hash = ?
+          AND code_hash = ? AND made_at >= window_end AND made_at >= ({LAST_CHANGE_SQL})
+        ORDER BY made_at DESC LIMIT 1
+        """,
+        key,
+    ).fetchall()
+    if stored:
+        return model_from_json(stored[0][0])
+    made_at = datetime.now(UTC).replace(tzinfo=None)  # before computing: a concurrent
+    report = build_report(wh, config, window, weekly=True)  # import makes it stale at once
+    with wh.transaction() as con:
+        con.execute(
+            "DELETE FROM report_models WHERE window_start = ? AND window_end = ? "
+            "AND window_label = ? AND config_hash = ? AND code_hash = ?",
+            key,
+        )
+        con.execute(
+            "INSERT INTO report_models VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [*key, made_at, model_to_json(report)],
+        )
+    return report
+
+
+@cache
+def code_digest() -> str:
+    """A digest of the audit code a report's data comes from (the audit and rules packages,
+    and which rules are registered): a stored report is not reused by other code."""
+    import audit.rules
+
+    digest = hashlib.sha256(selection(list(all_rules().values())).encode())
+    for package in (Path(__file__).parents[1], Path(audit.rules.__file__).parent):
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def model_to_json(report: dict) -> str:
+    """A report's data as JSON whose times come back as times (``model_from_json``)."""
+    return json.dumps(report, default=_tag_time, separators=(",", ":"))
+
+
+def model_from_json(text: str) -> dict:
+    return json.loads(text, object_hook=_untag_time)
+
+
+def _tag_time(value):
+    if isinstance(value, datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, date):
+        return {"$date": value.isoformat()}
+    raise TypeError(f"a report holds a {type(value).__name__}, which JSON cannot store")
+
+
+def _untag_time(obj: dict):
+    if len(obj) == 1:
+        if "$datetime" in obj:
+            return datetime.fromisoformat(obj["$datetime"])
+        if "$date" in obj:
+            return date.fromisoformat(obj["$date"])
+    return obj
 
 
 def build_report(

@@ -319,4 +319,18 @@ V8 = "\n".join(
     ]
 )
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]
+# A weekly report's data as computed, so rendering it again after nothing changed costs
+# a read instead of the week's scans and breakdowns (audit.reports.weekly.weekly_report).
+V9 = """
+CREATE TABLE report_models (
+    window_start TIMESTAMP NOT NULL,
+    window_end TIMESTAMP NOT NULL,
+    window_label VARCHAR NOT NULL,  -- its title names it (--week or --since/--until)
+    config_hash VARCHAR NOT NULL,
+    code_hash VARCHAR NOT NULL,     -- the audit code that computed it (audit.reports.weekly)
+    made_at TIMESTAMP NOT NULL,
+    model VARCHAR NOT NULL          -- JSON, times tagged (weekly.model_to_json)
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9]
