@@ -186,6 +186,8 @@ def test_a_later_render_reads_the_stored_report_until_the_data_or_config_changes
         renders[fmt] = target.read_text()
     # the first render computed and stored the week once; md, json and html share it
     assert _stored(db, "SELECT count(*) FROM report_models") == [(1,)]
+    # ... and the HTML's charts, drawn once, are kept with it
+    assert _stored(db, "SELECT count(*) FROM report_models WHERE figures IS NOT NULL") == [(1,)]
     scans = _stored(db, "SELECT count(*) FROM scans")
     for fmt in ("md", "json", "html"):
         target = tmp_path / f"again.{fmt}"
@@ -219,7 +221,7 @@ def test_a_later_render_reads_the_stored_report_until_the_data_or_config_changes
 def test_stored_report_data_renders_exactly_as_computed(fresh_demo_db):
     """Times, nested lists and every value a template reads survive the JSON it is kept as."""
     from audit.config import load_config
-    from audit.reports.render import render_html, render_json, render_markdown
+    from audit.reports.render import html_figures, render_html, render_json, render_markdown
     from audit.reports.weekly import build_report, model_from_json, model_to_json
     from audit.warehouse.store import open_warehouse
     from audit.windows import parse_week
@@ -230,6 +232,8 @@ def test_stored_report_data_renders_exactly_as_computed(fresh_demo_db):
     again = model_from_json(model_to_json(report))
     for render in (render_html, render_markdown, render_json):
         assert render(again) == render(report)
+    figures = json.loads(json.dumps(html_figures(report)))
+    assert figures["charts"] and render_html(again, figures) == render_html(report)
 
 
 def test_default_week_is_the_last_complete_one(run_cli, fresh_demo_db):

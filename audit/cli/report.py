@@ -52,7 +52,7 @@ def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
       audit report weekly --week 2026-W47 --output weekly.html
       audit report weekly --format md | mail -s "GPU waste" team@example.com
     """
-    from audit.reports.render import render_html, render_json, render_markdown
+    from audit.reports.render import html_figures, render_html, render_json, render_markdown
     from audit.windows import Window, last_complete_week, parse_week
 
     config = app.config
@@ -66,11 +66,19 @@ def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
         window = Window(since, until, f"{since:%Y-%m-%d} to {until:%Y-%m-%d}")
     else:
         window = parse_week(week, config.timezone) if week else last_complete_week(config.timezone)
-    from audit.reports.weekly import weekly_report
+    from audit.reports.weekly import store_figures, weekly_report
 
     with app.warehouse() as wh:
-        report = weekly_report(wh, config, window)
-    text = {"html": render_html, "md": render_markdown, "json": render_json}[fmt](report)
+        week = weekly_report(wh, config, window)
+        report = week.report
+        if fmt == "html":
+            figures = week.figures
+            if figures is None:
+                figures = html_figures(report)
+                store_figures(wh, week, figures)
+            text = render_html(report, figures)
+    if fmt != "html":
+        text = {"md": render_markdown, "json": render_json}[fmt](report)
     if fmt == "html" and output is None:
         output = Path(f"weekly-{window.label.replace(' ', '_')}.html")
     if output:

@@ -5,15 +5,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from dataclasses import asdict
 from datetime import datetime
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from audit.reports import charts
 from audit.reports.weekly import to_json
 from audit.rule_api import subject_label
 from audit.text import markdown_text
+
+if TYPE_CHECKING:
+    from audit.reports import charts
 
 HTML_FINDINGS = 200  # beyond this the HTML collapses to counts; the JSON has every finding
 
@@ -50,6 +54,8 @@ def _delta(current, previous) -> str:
 
 
 def build_charts(report: dict) -> list[charts.Chart]:
+    from audit.reports import charts  # matplotlib: only when a chart is drawn
+
     summary = report["summary"]
     families = summary["families"]
     out = [
@@ -132,6 +138,8 @@ SERIES_CHARTS = 50  # inline metric charts of findings (STB001) drawn at most
 
 def matrix_charts(report: dict) -> list[charts.Chart]:
     """One scatter per (base model, task) of the method matrix that compares two runs or more."""
+    from audit.reports import charts  # matplotlib: only when a chart is drawn
+
     out = []
     for group in report.get("matrix", {}).get("groups", []):
         runs = group["runs"]
@@ -153,6 +161,8 @@ def matrix_charts(report: dict) -> list[charts.Chart]:
 
 def series_charts(findings: list[dict]) -> dict[str, charts.Chart]:
     """The inline chart of each finding whose evidence carries one (STB001), by finding id."""
+    from audit.reports import charts  # matplotlib: only when a chart is drawn
+
     out = {}
     for f in findings:
         chart = f["evidence"].get("chart") if isinstance(f["evidence"], dict) else None
@@ -174,15 +184,28 @@ def _script() -> tuple[str, str]:
     return source, f"sha256-{digest}"
 
 
-def render_html(report: dict) -> str:
+def html_figures(report: dict) -> dict:
+    """Every chart of the report's HTML, drawn, as plain data: a stored weekly report keeps
+    them (``audit.reports.weekly.store_figures``) so rendering it again draws nothing."""
+    active = [f for f in report["findings"] if not f["suppressed"]]
+    return {
+        "charts": [asdict(c) for c in build_charts(report)],
+        "matrix_charts": [asdict(c) for c in matrix_charts(report)],
+        "series": {k: asdict(c) for k, c in series_charts(active[:HTML_FINDINGS]).items()},
+    }
+
+
+def render_html(report: dict, figures: dict | None = None) -> str:
+    """The self-contained HTML page; ``figures`` from ``html_figures`` (drawn if not given)."""
     template = _environment().get_template("report.html.j2")
     script, script_hash = _script()
     active = [f for f in report["findings"] if not f["suppressed"]]
+    figures = figures if figures is not None else html_figures(report)
     return template.render(
         report=report,
-        charts=build_charts(report),
-        matrix_charts=matrix_charts(report),
-        series=series_charts(active[:HTML_FINDINGS]),
+        charts=figures["charts"],
+        matrix_charts=figures["matrix_charts"],
+        series=figures["series"],
         findings=active[:HTML_FINDINGS],
         hidden=max(0, len(active) - HTML_FINDINGS),
         suppressed=[f for f in report["findings"] if f["suppressed"]],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import cache
 from pathlib import Path
@@ -35,14 +36,23 @@ def _week_scan(wh, config: Config, rules, window: Window, shared: dict, fresh: b
     return scan(wh, config, rules, window, shared)
 
 
-def weekly_report(wh, config: Config, window: Window) -> dict:
+@dataclass
+class StoredWeek:
+    """A weekly report's data, and the HTML's charts when they were drawn for it before."""
+
+    report: dict
+    figures: dict | None
+    key: list  # window start, end and label, config hash, code hash, made_at
+
+
+def weekly_report(wh, config: Config, window: Window) -> StoredWeek:
     """The weekly report of ``window``: the stored one when nothing changed since it was
     computed (same week, configuration and code, made after the week ended and after the
     last import or prune), else computed now and stored for the next render."""
     key = [window.since, window.until, window.label, config.digest, code_digest()]
     stored = wh.con.execute(
         f"""
-        SELECT model FROM report_models
+        SELECT made_at, model, figures FROM report_models
         WHERE window_start = ? AND window_end = ? AND window_label = ? AND config_hash = ?
           AND code_hash = ? AND made_at >= window_end AND made_at >= ({LAST_CHANGE_SQL})
         ORDER BY made_at DESC LIMIT 1
@@ -50,7 +60,10 @@ def weekly_report(wh, config: Config, window: Window) -> dict:
         key,
     ).fetchall()
     if stored:
-        return model_from_json(stored[0][0])
+        made_at, model, figures = stored[0]
+        return StoredWeek(
+            model_from_json(model), json.loads(figures) if figures else None, [*key, made_at]
+        )
     made_at = datetime.now(UTC).replace(tzinfo=None)  # before computing: a concurrent
     report = build_report(wh, config, window, weekly=True)  # import makes it stale at once
     with wh.transaction() as con:
@@ -60,10 +73,20 @@ def weekly_report(wh, config: Config, window: Window) -> dict:
             key,
         )
         con.execute(
-            "INSERT INTO report_models VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO report_models VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
             [*key, made_at, model_to_json(report)],
         )
-    return report
+    return StoredWeek(report, None, [*key, made_at])
+
+
+def store_figures(wh, week: StoredWeek, figures: dict) -> None:
+    """Keep the charts drawn for a stored report with it (``audit.reports.render``)."""
+    with wh.transaction() as con:
+        con.execute(
+            "UPDATE report_models SET figures = ? WHERE window_start = ? AND window_end = ? "
+            "AND window_label = ? AND config_hash = ? AND code_hash = ? AND made_at = ?",
+            [json.dumps(figures), *week.key],
+        )
 
 
 @cache

@@ -329,7 +329,8 @@ CREATE TABLE report_models (
     config_hash VARCHAR NOT NULL,
     code_hash VARCHAR NOT NULL,     -- the audit code that computed it (audit.reports.weekly)
     made_at TIMESTAMP NOT NULL,
-    model VARCHAR NOT NULL          -- JSON, times tagged (weekly.model_to_json)
+    model VARCHAR NOT NULL,         -- JSON, times tagged (weekly.model_to_json)
+    figures VARCHAR                 -- JSON: the HTML's charts once drawn (render.html_figures)
 );
 """
 
