@@ -67,7 +67,7 @@ def hours_between(start: datetime | None, end: datetime | None) -> float | None:
     return max((end - start).total_seconds(), 0.0) / HOUR
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cost:
     """GPUs × hours × price of one run or job, with the evidence it stands on."""
 
@@ -126,7 +126,7 @@ def _count(value: float | None) -> str:
     return "?" if value is None else f"{value:g}"
 
 
-@dataclass
+@dataclass(slots=True)
 class RunFacts:
     source_id: str
     run_id: str
@@ -161,7 +161,7 @@ class RunFacts:
         return hours_between(self.start_time, self.last_seen)
 
 
-@dataclass
+@dataclass(slots=True)
 class JobFacts:
     cluster: str
     job_id: str

@@ -144,7 +144,7 @@ class UsageIndex:
     def __init__(self, con, facts: Facts):
         self.con = con
         self.facts = facts
-        self._usage: dict[str, Usage] | None = None
+        self._usage: dict[str, Usage] = {}  # by allocation key, computed when first asked
         self._allocations: list[Allocation] | None = None
 
     def allocations(self) -> list[Allocation]:
@@ -154,17 +154,19 @@ class UsageIndex:
 
     def has_evidence(self) -> bool:
         """Whether any usage evidence was imported at all (for any allocation or host)."""
-        if any(u.status != "no data" for u in self._all_usage().values()):
+        if self.con.execute("SELECT EXISTS (SELECT 1 FROM gpu_samples)").fetchall()[0][0]:
             return True
-        return bool(self.con.execute("SELECT EXISTS (SELECT 1 FROM gpu_samples)").fetchall()[0][0])
+        usage = self._usage_of(self.allocations())
+        return any(u.status != "no data" for u in usage.values())
 
     def judged(self, window: Window, min_hours: float, notes: list[str]):
         """(allocation, usage) for every allocation started in the window that ran at least
         ``min_hours`` and has usage data; the others become notes."""
-        usage = self._all_usage()
-        for alloc in self.allocations():
-            if not window.contains(alloc.start) or alloc.hours < min_hours:
-                continue
+        chosen = [
+            a for a in self.allocations() if window.contains(a.start) and a.hours >= min_hours
+        ]
+        usage = self._usage_of(chosen)
+        for alloc in chosen:
             use = usage[_key(alloc)]
             if use.status != "ok":
                 notes.append(f"{alloc.label}: {use.why}")
@@ -217,10 +219,16 @@ class UsageIndex:
             )
         return out
 
-    def _all_usage(self) -> dict[str, Usage]:
-        if self._usage is not None:
-            return self._usage
-        allocations = self.allocations()
+    def _usage_of(self, wanted: list[Allocation]) -> dict[str, Usage]:
+        """The usage of ``wanted`` (and of every allocation asked for before): one
+        allocation's usage does not depend on the others', so a weekly scan computes only
+        its week's and the next scan of the same process reuses them."""
+        allocations = [a for a in wanted if _key(a) not in self._usage]
+        if allocations:
+            self._usage.update(self._compute(allocations))
+        return self._usage
+
+    def _compute(self, allocations: list[Allocation]) -> dict[str, Usage]:
         jobs = [a for a in allocations if a.kind == "job"]
         sampled = gpu_usage(
             self.con,
@@ -266,7 +274,6 @@ class UsageIndex:
                         + (" (the job is still running)" if alloc.job.state == "RUNNING" else "")
                     ),
                 )
-        self._usage = out
         return out
 
 
