@@ -74,18 +74,10 @@ class RedLineDrop(Rule):
         if not globs:
             raise Skip("no [metrics] red_lines configured: there is no red line to hold")
         found = recipes(ctx)
-        if not any(found.values(run, "red_lines") for run in ctx.facts.runs):
-            lookalikes = lookalike_metrics(ctx, RED_LINE_WORDS, substrings=("safe",))
-            seen = (
-                "metric names that look like red lines here: "
-                + ", ".join(f"{k} ({n} runs)" for k, n in lookalikes)
-                if lookalikes
-                else "no metric name here looks like one either"
-            )
-            raise Skip(
-                f"no metric of any run matches [metrics] red_lines globs {', '.join(globs)}; "
-                f"{seen}. Set [metrics] red_lines to the names of your red-line metrics"
-            )
+        # over all history, so once per process (a report scans eight weeks)
+        unheld = ctx.once(("RED001 unheld", tuple(globs)), lambda: _unheld(ctx, found, globs))
+        if unheld:
+            raise Skip(unheld)
         unjudged: dict[str | None, list] = {}
         for run in ctx.facts.runs_in(ctx.window):
             values = found.values(run, "red_lines")
@@ -165,3 +157,20 @@ def _crossing(ctx: RuleContext, run, limits: dict[str, float]) -> dict | None:
         ],
     )
     return row[0] if row else None
+
+
+def _unheld(ctx: RuleContext, found, globs: list[str]) -> str | None:
+    """Why no red line can be held when no run logged a metric matching the globs."""
+    if any(found.values(run, "red_lines") for run in ctx.facts.runs):
+        return None
+    lookalikes = lookalike_metrics(ctx, RED_LINE_WORDS, substrings=("safe",))
+    seen = (
+        "metric names that look like red lines here: "
+        + ", ".join(f"{k} ({n} runs)" for k, n in lookalikes)
+        if lookalikes
+        else "no metric name here looks like one either"
+    )
+    return (
+        f"no metric of any run matches [metrics] red_lines globs {', '.join(globs)}; "
+        f"{seen}. Set [metrics] red_lines to the names of your red-line metrics"
+    )
