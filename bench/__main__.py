@@ -178,15 +178,15 @@ def bench_scan(data: DataSet, reps: int, work: Path, imported: Path) -> tuple[li
     checkpoints.values.append(
         run_audit(data, db, "ingest", "checkpoints", str(data.scratch)).seconds
     )
-    wall = Step("`audit scan` (all history)", "s", target="< 30 s")
-    rss = Step("`audit scan` peak RSS", "MiB", target="< 2,048 MiB")
+    wall = Step("`audit scan` (all history)", "s", target="< 10 s")
+    rss = Step("`audit scan` peak RSS", "MiB", target="< 1,024 MiB")
     for _ in range(reps):
         outcome = run_audit(
             data, db, "scan", "--format", "json", "--output", str(work / "scan.json")
         )
         wall.values.append(outcome.seconds)
         rss.values.append(outcome.peak_rss_mib)
-    wall.met, rss.met = wall.median() < 30, max(rss.values) < 2048
+    wall.met, rss.met = wall.median() < 10, max(rss.values) < 1024
     summary = json.loads((work / "scan.json").read_text())["summary"]
     wall.note = f"{summary['findings']:,} findings, {summary['rules']}"
     return [sacct, checkpoints, wall, rss], db
