@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from audit.errors import InputError
@@ -31,6 +31,34 @@ def write_text(path: Path, text: str) -> None:
 
 def write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically; a symlink is followed to its target."""
+    _replace(path, lambda fd: _write_all(fd, data))
+
+
+def write_text_chunks(path: Path, chunks: Iterable[str]) -> None:
+    """Replace ``path`` with the text of ``chunks`` (UTF-8) atomically, a megabyte at a
+    time: the JSON of 100,000s of findings is never held whole (nor its encoded copy)."""
+
+    def write(fd: int) -> None:
+        pending: list[str] = []
+        size = 0
+        for chunk in chunks:
+            pending.append(chunk)
+            size += len(chunk)
+            if size >= 1 << 20:
+                _write_all(fd, "".join(pending).encode("utf-8"))
+                pending, size = [], 0
+        _write_all(fd, "".join(pending).encode("utf-8"))
+
+    _replace(path, write)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # unbuffered: nothing is left to fail at close
+        view = view[os.write(fd, view) :]
+
+
+def _replace(path: Path, write: Callable[[int], None]) -> None:
     target = _target(path)
     try:
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -39,9 +67,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     temporary = Path(name)
     try:
         try:
-            view = memoryview(data)
-            while view:  # unbuffered: nothing is left to fail at close
-                view = view[os.write(fd, view) :]
+            write(fd)
             os.fsync(fd)
         finally:
             os.close(fd)

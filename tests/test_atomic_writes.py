@@ -145,3 +145,20 @@ def test_the_manifest_survives_a_torn_last_record(tmp_path):
     log.write_text(log.read_text() + '{"path": "/d", oops\n' + json.dumps({"path": "/e"}) + "\n")
     with pytest.raises(InputError, match=r"manifest.jsonl:5: not a manifest record"):
         atomic.read_log(log)
+
+
+def test_streamed_text_is_written_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "streamed.json"
+    pieces = [f"{n:07d}é\n" for n in range(300_000)]  # over a megabyte: several writes
+    atomic.write_text_chunks(out, iter(pieces))
+    assert out.read_text(encoding="utf-8") == "".join(pieces)
+
+    def broken():
+        yield from pieces
+        raise ValueError("the encoder failed halfway")
+
+    out.write_text(PREVIOUS)
+    with pytest.raises(ValueError, match="halfway"):
+        atomic.write_text_chunks(out, broken())
+    assert out.read_text() == PREVIOUS
+    assert _leftovers(tmp_path) == []

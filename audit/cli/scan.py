@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -220,19 +221,25 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
 
             html = render_html(build_report(wh, config, window, weekly=False, result=result))
     document = scan_document(result, summary)
-    if fmt == "html":
-        text = html
-    elif fmt == "json":
-        text = json.dumps(document, indent=2, default=str) + "\n"
-    elif fmt == "md":
-        text = render_markdown(result, summary)
+    if fmt == "json" and output:
+        # streamed: the pretty JSON of 100,000s of findings is never held whole
+        chunks = json.JSONEncoder(indent=2, default=str).iterencode(document)
+        atomic.write_text_chunks(output, itertools.chain(chunks, ["\n"]))
     else:
-        text = render_table(result, summary) + "\n"
+        if fmt == "html":
+            text = html
+        elif fmt == "json":
+            text = json.dumps(document, indent=2, default=str) + "\n"
+        elif fmt == "md":
+            text = render_markdown(result, summary)
+        else:
+            text = render_table(result, summary) + "\n"
+        if output:
+            atomic.write_text(output, text)
+        else:
+            click.echo(text, nl=False)
     if output:
-        atomic.write_text(output, text)
         click.echo(f"wrote {output} ({summary['findings']} findings)")
-    else:
-        click.echo(text, nl=False)
     if fail_on and any(f.severity >= Severity.parse(fail_on) for f in result.active):
         raise SystemExit(1)
 
