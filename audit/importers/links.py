@@ -13,6 +13,15 @@ cluster paths) is refused with the list of what it would lose, and changes nothi
 changed (a checkpoint deleted, a second job making a user+time match ambiguous) are never
 a reason to refuse.
 
+An import that changed only some runs (MLflow's, through ``changed``) refreshes only what
+those runs can move, when the settings are the stored ones: a run's job link reads only
+that run and the jobs; a checkpoint's link reads every run that is a candidate for it, so
+the checkpoints linked to a changed run or now a candidate of one are derived again over
+all runs; system-metric samples are grouped by host, so the hosts of the changed runs'
+old and new jobs are derived again. Everything else is exactly what a full derivation
+gives, because none of its inputs changed (tests/test_links_incremental.py compares the
+two on generated histories).
+
 Readers use the relations ``run_jobs`` and ``checkpoint_runs``.
 """
 
@@ -91,8 +100,14 @@ class LinkChanges:
     runs_with_jobs_after: int
 
 
-def refresh_links(con, config: Config, replace: bool = False) -> LinkChanges:
+def refresh_links(
+    con, config: Config, replace: bool = False, changed: dict[str, list[str]] | None = None
+) -> LinkChanges:
     """Derive ``run_jobs`` and ``checkpoint_runs`` with the settings in force.
+
+    ``changed`` (source id -> run ids), from an import that changed only those runs' rows
+    (runs, params, tags, metrics) and nothing else links read: only what they can move is
+    derived again, when the settings are the stored ones; else everything is.
 
     Raises InputError (and the import's transaction rolls back) when the settings differ
     from the stored ones and would lose links, unless ``replace``.
@@ -100,6 +115,10 @@ def refresh_links(con, config: Config, replace: bool = False) -> LinkChanges:
     settings = LinkSettings.from_config(config)
     stored = _stored_settings(con)
     before = _counts(con, "checkpoint_runs", "run_jobs")
+    if changed is not None and not replace and stored == settings:
+        _refresh_for_runs(con, settings, changed)
+        after = _counts(con, "checkpoint_runs", "run_jobs")
+        return LinkChanges(before[0], after[0], before[1], after[1])
     compare = not replace and stored != settings
     if compare and stored is None:
         # links made before settings were stored: compare with them as they are
@@ -132,6 +151,16 @@ def refresh_links(con, config: Config, replace: bool = False) -> LinkChanges:
     _system_metrics_as_telemetry(con)
     after = _counts(con, "checkpoint_runs", "run_jobs")
     return LinkChanges(before[0], after[0], before[1], after[1])
+
+
+def refresh_links_of_runs(con, config: Config, changed: dict[str, list[str]]) -> None:
+    """After rows of only the ``changed`` runs were rewritten outside an import (one run
+    refreshed from a tracking server): their links, when the settings in force are the
+    stored ones. Otherwise nothing: the next import derives every link (and compares), as
+    incremental refreshes build on links that are exactly what the stored settings give."""
+    settings = LinkSettings.from_config(config)
+    if _stored_settings(con) == settings:
+        _refresh_for_runs(con, settings, changed)
 
 
 def _counts(con, checkpoints: str, jobs: str) -> tuple[int, int]:
@@ -222,14 +251,29 @@ def _describe(settings: LinkSettings, other: LinkSettings) -> str:
 
 def _derive(con, settings: LinkSettings) -> None:
     """The links ``settings`` give on the warehouse's current data, into the derived tables."""
+    _derive_jobs(con, settings, only_runs=None)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {_DERIVED_CHECKPOINTS} AS SELECT * FROM checkpoint_runs LIMIT 0"
+    )
+    with _prefixes(con, settings):
+        con.execute(f"INSERT INTO {_DERIVED_CHECKPOINTS} {_checkpoint_links()}")
+
+
+def _derive_jobs(con, settings: LinkSettings, only_runs: str | None) -> None:
+    """Run -> job links into ``_DERIVED_JOBS``, of the runs in table ``only_runs`` (source_id,
+    run_id) or of all. A run's link reads only its own tags and row, and the jobs."""
     keys, slack = list(settings.job_tag_keys), settings.slack_minutes
+
+    def of_runs(alias: str) -> str:
+        return _of_runs(only_runs, alias)
+
     con.execute(f"CREATE OR REPLACE TEMP TABLE {_DERIVED_JOBS} AS SELECT * FROM run_jobs LIMIT 0")
     con.execute(
         f"""
         INSERT INTO {_DERIVED_JOBS}
         SELECT DISTINCT ON (t.source_id, t.run_id) t.source_id, t.run_id, j.cluster, j.job_id, 'tag:' || t.key
         FROM tags t JOIN jobs j ON j.job_id = trim(t.value)
-        WHERE list_contains(?, t.key)
+        WHERE list_contains(?, t.key){of_runs("t")}
         ORDER BY t.source_id, t.run_id, list_position(?, t.key), j.cluster
         """,
         [keys, keys],
@@ -242,74 +286,189 @@ def _derive(con, settings: LinkSettings) -> None:
         JOIN jobs j ON j.user_name = r.user_id
              AND j.start_time <= r.start_time + to_minutes(CAST(? AS BIGINT))
              AND coalesce(j.end_time, r.end_time) >= coalesce(r.end_time, r.start_time) - to_minutes(CAST(? AS BIGINT))
-        WHERE NOT EXISTS (SELECT 1 FROM {_DERIVED_JOBS} x WHERE x.source_id = r.source_id AND x.run_id = r.run_id)
+        WHERE NOT EXISTS (SELECT 1 FROM {_DERIVED_JOBS} x WHERE x.source_id = r.source_id AND x.run_id = r.run_id){of_runs("r")}
         GROUP BY r.source_id, r.run_id
         HAVING count(*) = 1
         """,
         [slack, slack],
     )
-    con.execute("CREATE OR REPLACE TEMP TABLE audit_prefixes (remote VARCHAR, local VARCHAR)")
-    if settings.path_prefixes:
-        con.executemany("INSERT INTO audit_prefixes VALUES (?, ?)", list(settings.path_prefixes))
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {_DERIVED_CHECKPOINTS} AS SELECT * FROM checkpoint_runs LIMIT 0"
+
+
+def _of_runs(table: str | None, alias: str) -> str:
+    """A condition (`` AND ...``) keeping the rows of ``alias`` whose run is in ``table``."""
+    if table is None:
+        return ""
+    return (
+        f" AND EXISTS (SELECT 1 FROM {table} o "
+        f"WHERE o.source_id = {alias}.source_id AND o.run_id = {alias}.run_id)"
     )
-    con.execute(
-        rf"""
-        INSERT INTO {_DERIVED_CHECKPOINTS}
+
+
+class _prefixes:
+    """The settings' path prefixes as table ``audit_prefixes`` while the block runs."""
+
+    def __init__(self, con, settings: LinkSettings):
+        self.con, self.settings = con, settings
+
+    def __enter__(self) -> None:
+        self.con.execute(
+            "CREATE OR REPLACE TEMP TABLE audit_prefixes (remote VARCHAR, local VARCHAR)"
+        )
+        if self.settings.path_prefixes:
+            self.con.executemany(
+                "INSERT INTO audit_prefixes VALUES (?, ?)", list(self.settings.path_prefixes)
+            )
+
+    def __exit__(self, *exc) -> None:
+        self.con.execute("DROP TABLE IF EXISTS audit_prefixes")
+
+
+def _checkpoint_candidates(only_runs: str | None = None, only_paths: str | None = None) -> str:
+    """SELECT of every (checkpoint, run) pair that could link, with its method and rank, of
+    the runs in table ``only_runs`` and the checkpoints in table ``only_paths`` (or all)."""
+
+    def of_runs(alias: str) -> str:
+        return _of_runs(only_runs, alias)
+
+    paths_filter = (
+        ""
+        if only_paths is None
+        else f" WHERE EXISTS (SELECT 1 FROM {only_paths} q WHERE q.path = k.path)"
+    )
+    return rf"""
         WITH output_dirs AS (
             SELECT p.source_id, p.run_id, coalesce(
                 (SELECT m.local || substr(rtrim(p.value, '/'), length(m.remote) + 1) FROM audit_prefixes m
                  WHERE rtrim(p.value, '/') = m.remote OR starts_with(p.value, m.remote || '/')
                  ORDER BY length(m.remote) DESC LIMIT 1),
                 rtrim(p.value, '/')) AS dir
-            FROM params p WHERE p.key = 'output_dir'
+            FROM params p WHERE p.key = 'output_dir'{of_runs("p")}
         ),
+        known AS (SELECT path FROM checkpoints k{paths_filter}),
         -- each checkpoint with the folders above it (itself included): "path is under dir"
         -- becomes an equality join, not a prefix test of every checkpoint against every run
         ancestors AS (
             SELECT path, unnest(list_transform(
                        generate_series(2, len(string_split(path, '/'))),
                        lambda i: array_to_string(string_split(path, '/')[1:i], '/'))) AS dir
-            FROM checkpoints
+            FROM known
         ),
         artifact_dirs AS (
             SELECT source_id, run_id, rtrim(regexp_replace(artifact_uri, '^file://', ''), '/') AS dir
-            FROM runs WHERE artifact_uri LIKE 'file://%' OR artifact_uri LIKE '/%'
+            FROM runs r WHERE (artifact_uri LIKE 'file://%' OR artifact_uri LIKE '/%'){of_runs("r")}
         ),
-        candidates AS (
-            SELECT a.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank
-            FROM ancestors a JOIN output_dirs p ON p.dir = a.dir
-            UNION ALL
-            SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2
-            FROM checkpoints c JOIN runs r
-                 ON r.run_id = regexp_extract(c.path, '(?:^|/)([0-9a-f]{{32}})(?:/|$)', 1)
-            UNION ALL
-            SELECT a.path, r.source_id, r.run_id, 'artifact_uri', 3
-            FROM ancestors a JOIN artifact_dirs r ON r.dir = a.dir AND a.dir <> a.path
-        )
-        SELECT DISTINCT ON (path) path, source_id, run_id, method FROM candidates
-        ORDER BY path, rank, source_id, run_id
-        """
+        id_runs AS (SELECT source_id, run_id FROM runs r WHERE true{of_runs("r")})
+        SELECT a.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank
+        FROM ancestors a JOIN output_dirs p ON p.dir = a.dir
+        UNION ALL
+        SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2
+        FROM known c JOIN id_runs r
+             ON r.run_id = regexp_extract(c.path, '(?:^|/)([0-9a-f]{{32}})(?:/|$)', 1)
+        UNION ALL
+        SELECT a.path, r.source_id, r.run_id, 'artifact_uri', 3
+        FROM ancestors a JOIN artifact_dirs r ON r.dir = a.dir AND a.dir <> a.path
+    """
+
+
+def _checkpoint_links(only_paths: str | None = None) -> str:
+    """SELECT of each checkpoint's link: its best candidate over all runs."""
+    return (
+        f"WITH candidates AS ({_checkpoint_candidates(only_paths=only_paths)}) "
+        "SELECT DISTINCT ON (path) path, source_id, run_id, method FROM candidates "
+        "ORDER BY path, rank, source_id, run_id"
     )
-    con.execute("DROP TABLE audit_prefixes")
 
 
-def _system_metrics_as_telemetry(con) -> None:
+def _refresh_for_runs(con, settings: LinkSettings, changed: dict[str, list[str]]) -> None:
+    """``refresh_links`` after an import that changed only the runs ``changed``, with the
+    stored settings: the module docstring says why the result equals a full derivation."""
+    con.execute("CREATE OR REPLACE TEMP TABLE audit_link_runs (source_id VARCHAR, run_id VARCHAR)")
+    rows = [(source_id, run_id) for source_id, ids in changed.items() for run_id in ids]
+    if not rows:
+        con.execute("DROP TABLE audit_link_runs")
+        return
+    _insert_pairs(con, rows)
+    changed_runs = "true" + _of_runs("audit_link_runs", "l")
+    # hosts whose system-metric samples can move: those of the changed runs' jobs, before
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE audit_link_hosts AS "
+        f"SELECT DISTINCT n.host FROM run_jobs l JOIN job_nodes n USING (cluster, job_id) WHERE {changed_runs}"
+    )
+    _derive_jobs(con, settings, only_runs="audit_link_runs")
+    con.execute(f"DELETE FROM run_jobs l WHERE {changed_runs}")
+    con.execute(f"INSERT INTO run_jobs SELECT * FROM {_DERIVED_JOBS}")
+    con.execute(f"DROP TABLE {_DERIVED_JOBS}")
+    # ... and after
+    con.execute(
+        "INSERT INTO audit_link_hosts SELECT DISTINCT n.host FROM run_jobs l "
+        f"JOIN job_nodes n USING (cluster, job_id) WHERE {changed_runs}"
+    )
+    # Every link is to a checkpoint in the inventory: none, nothing to derive (the
+    # candidates' query reads every run's output_dir even for no checkpoint).
+    if con.execute("SELECT 1 FROM checkpoints LIMIT 1").fetchall():
+        _refresh_checkpoints_of_runs(con, settings, changed_runs)
+    _system_metrics_as_telemetry(con, only_hosts="audit_link_hosts")
+    for table in ("audit_link_runs", "audit_link_hosts"):
+        con.execute(f"DROP TABLE {table}")
+
+
+def _refresh_checkpoints_of_runs(con, settings: LinkSettings, changed_runs: str) -> None:
+    """Checkpoint links that runs matching ``changed_runs`` (a condition on alias ``l``) can
+    move: those linked to one, and those one is now a candidate for, over all runs."""
+    with _prefixes(con, settings):
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE audit_link_paths AS "
+            f"SELECT path FROM checkpoint_runs l WHERE {changed_runs} UNION "
+            f"SELECT path FROM ({_checkpoint_candidates(only_runs='audit_link_runs')})"
+        )
+        if con.execute("SELECT 1 FROM audit_link_paths LIMIT 1").fetchall():
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE {_DERIVED_CHECKPOINTS} AS "
+                f"{_checkpoint_links(only_paths='audit_link_paths')}"
+            )
+            con.execute(
+                "DELETE FROM checkpoint_runs l WHERE EXISTS "
+                "(SELECT 1 FROM audit_link_paths q WHERE q.path = l.path)"
+            )
+            con.execute(f"INSERT INTO checkpoint_runs SELECT * FROM {_DERIVED_CHECKPOINTS}")
+            con.execute(f"DROP TABLE {_DERIVED_CHECKPOINTS}")
+    con.execute("DROP TABLE audit_link_paths")
+
+
+def _insert_pairs(con, rows: list[tuple[str, str]]) -> None:
+    import polars as pl
+
+    con.register(
+        "incoming_link_runs",
+        pl.DataFrame(rows, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"),
+    )
+    try:
+        con.execute("INSERT INTO audit_link_runs SELECT * FROM incoming_link_runs")
+    finally:
+        con.unregister("incoming_link_runs")
+
+
+def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
     """MLflow system metrics (system/gpu_N_*) of runs linked to a job become GPU samples.
 
     They land on the job's first host with origin 'mlflow'; runs without a job are left
     out, because a sample must belong to a host for the idle and utilisation rules.
+    Samples are grouped by host: with ``only_hosts`` (a table of hosts) only those hosts'
+    samples are derived again.
     """
-    con.execute("DELETE FROM gpu_samples WHERE origin = 'mlflow'")
+    of_hosts = "" if only_hosts is None else f" AND host IN (SELECT host FROM {only_hosts})"
+    if only_hosts is not None and not con.execute(f"SELECT 1 FROM {only_hosts} LIMIT 1").fetchall():
+        return
+    con.execute(f"DELETE FROM gpu_samples WHERE origin = 'mlflow'{of_hosts}")
     con.execute(
-        r"""
+        rf"""
         INSERT INTO gpu_samples (host, gpu, ts, util_pct, mem_used_mib, power_w, origin, source_id, run_id)
         WITH host_of AS (
             SELECT l.source_id, l.run_id, min(n.host) AS host
             FROM run_jobs l JOIN job_nodes n ON n.cluster = l.cluster AND n.job_id = l.job_id
             GROUP BY ALL
         ),
+        hosts AS (SELECT * FROM host_of WHERE true{of_hosts}),
         points AS (
             SELECT m.source_id, m.run_id, m.ts, regexp_extract(m.key, '^system/gpu_(\d+)_', 1) AS gpu,
                    regexp_extract(m.key, '^system/gpu_\d+_(.*)$', 1) AS field, m.value
@@ -321,7 +480,7 @@ def _system_metrics_as_telemetry(con) -> None:
                max(p.value) FILTER (WHERE p.field = 'memory_usage_megabytes'),
                max(p.value) FILTER (WHERE p.field = 'power_usage_watts'),
                'mlflow', any_value(p.source_id), any_value(p.run_id)
-        FROM points p JOIN host_of h USING (source_id, run_id)
+        FROM points p JOIN hosts h USING (source_id, run_id)
         WHERE p.gpu <> ''
           AND NOT EXISTS (SELECT 1 FROM gpu_samples g WHERE g.host = h.host AND g.gpu = p.gpu AND g.ts = p.ts)
         GROUP BY h.host, p.gpu, p.ts

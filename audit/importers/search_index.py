@@ -25,9 +25,33 @@ def column(key: str, suffix: str = "") -> str:
     return '"' + (key + suffix).replace('"', '""') + '"'
 
 
-def _search_select(con, changed_in: str | None = None) -> str:
+def _search_keys(con) -> dict[str, list[str]]:
+    """The keys that become columns, per entity (a kind with none or too many has none)."""
+    keys = {}
+    for entity, (source, _) in _SPECS.items():
+        found = [
+            r[0]
+            for r in con.execute(
+                f"SELECT DISTINCT key FROM {source} ORDER BY key LIMIT {MAX_KEYS + 1}"
+            ).fetchall()
+        ]
+        keys[entity] = found if len(found) <= MAX_KEYS else []
+    return keys
+
+
+_SPECS = {
+    "params": ("params", [("#norm", "value_norm"), ("#num", "value_num"), ("#raw", "value")]),
+    "tags": ("tags", [("", "value")]),
+    "metrics": ("latest_metrics", [("", "value")]),
+}
+
+
+def _search_select(
+    con, changed_in: str | None = None, keys: dict[str, list[str]] | None = None
+) -> str:
     """SELECT of the wide table, or of the runs of source ``changed_in`` listed in
     ``search_changed`` (then the pivots read only those runs' rows)."""
+    keys = _search_keys(con) if keys is None else keys
 
     def only_changed(alias: str) -> str:
         if changed_in is None:
@@ -37,20 +61,9 @@ def _search_select(con, changed_in: str | None = None) -> str:
             f"AND {alias}.run_id IN (SELECT run_id FROM search_changed)"
         )
 
-    specs = {
-        "params": ("params", [("#norm", "value_norm"), ("#num", "value_num"), ("#raw", "value")]),
-        "tags": ("tags", [("", "value")]),
-        "metrics": ("latest_metrics", [("", "value")]),
-    }
     joins, selected = [], []
-    for index, (entity, (source, columns)) in enumerate(specs.items()):
-        keys = [
-            r[0]
-            for r in con.execute(
-                f"SELECT DISTINCT key FROM {source} ORDER BY key LIMIT {MAX_KEYS + 1}"
-            ).fetchall()
-        ]
-        if not keys or len(keys) > MAX_KEYS:
+    for index, (entity, (source, columns)) in enumerate(_SPECS.items()):
+        if not keys[entity]:
             continue
         alias = f"w{index}"
         # DuckDB's PIVOT names its columns '<key>_c<i>'; they are renamed to the documented
@@ -58,7 +71,7 @@ def _search_select(con, changed_in: str | None = None) -> str:
         # keys: 97 s for the 2,500 columns of seven W&B runs' configs, PIVOT 0.9 s.)
         renamed = ", ".join(
             f"{column(f'{k}_c{i}')} AS {column(f'{entity}.{k}', suffix)}"
-            for k in keys
+            for k in keys[entity]
             for i, (suffix, _) in enumerate(columns)
         )
         values = ", ".join(f"{expr} AS c{i}" for i, (_, expr) in enumerate(columns))
@@ -66,7 +79,7 @@ def _search_select(con, changed_in: str | None = None) -> str:
         joins.append(
             f"LEFT JOIN (SELECT source_id, run_id, {renamed} FROM (PIVOT (SELECT source_id, "
             f"run_id, key, {values} FROM {source} p{only_changed('p')}) "
-            f"ON key IN ({', '.join(_literal(k) for k in keys)}) USING {using} "
+            f"ON key IN ({', '.join(_literal(k) for k in keys[entity])}) USING {using} "
             f"GROUP BY source_id, run_id)) {alias} "
             f"ON {alias}.source_id = r.source_id AND {alias}.run_id = r.run_id"
         )
@@ -100,7 +113,8 @@ def update_search_tables(con, source_id: str, run_ids: list[str]) -> None:
             [SEARCH_TABLE],
         ).fetchall()
     ]
-    select = _search_select(con)
+    keys = _search_keys(con)
+    select = _search_select(con, keys=keys)
     wanted = [d[0] for d in con.execute(f"{select} LIMIT 0").description]
     if existing != wanted:
         rebuild_search_tables(con)
@@ -111,14 +125,18 @@ def update_search_tables(con, source_id: str, run_ids: list[str]) -> None:
         "AND run_id IN (SELECT run_id FROM search_changed)",
         [source_id],
     )
-    con.execute(f"INSERT INTO {SEARCH_TABLE} {_search_select(con, source_id)}")
-    # An experiment renamed since its runs were written
+    con.execute(f"INSERT INTO {SEARCH_TABLE} {_search_select(con, source_id, keys)}")
+    con.unregister("search_changed")
+    _rename_experiments(con)
+
+
+def _rename_experiments(con) -> None:
+    """An experiment renamed since its runs were written."""
     con.execute(
         f"UPDATE {SEARCH_TABLE} s SET experiment = e.name FROM experiments e "
         "WHERE e.source_id = s.source_id AND e.experiment_id = s.experiment_id "
         "AND s.experiment IS DISTINCT FROM e.name"
     )
-    con.unregister("search_changed")
 
 
 def refresh_search_tables(con, changed: dict[str, list[str]], runs_seen: int) -> None:
@@ -127,8 +145,12 @@ def refresh_search_tables(con, changed: dict[str, list[str]], runs_seen: int) ->
     exists = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [SEARCH_TABLE]
     ).fetchall()[0][0]
-    if not exists or sum(len(ids) for ids in changed.values()) > runs_seen // 10:
+    rewritten = sum(len(ids) for ids in changed.values())
+    if not exists or rewritten > runs_seen // 10:
         rebuild_search_tables(con)
+        return
+    if not rewritten:  # no run's rows changed, so no key (column) either: names only
+        _rename_experiments(con)
         return
     for source_id, run_ids in changed.items():
         update_search_tables(con, source_id, run_ids)

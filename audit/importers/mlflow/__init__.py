@@ -20,9 +20,6 @@ from audit.errors import InputError
 from audit.importers.files import insert_frame, prefetch
 from audit.importers.links import refresh_links
 from audit.importers.mlflow.base import MlflowReader
-from audit.importers.mlflow.filestore import FileStoreReader
-from audit.importers.mlflow.rest import RestReader, redact_url
-from audit.importers.mlflow.sqlstore import SqlStoreReader
 from audit.importers.run_store import (
     EPOCH_MS_MAX,
     EPOCH_MS_MIN,
@@ -67,7 +64,11 @@ class ImportSummary:
 
 
 def open_reader(uri: str, config: Config | None = None) -> MlflowReader:
-    """Pick the reader for a tracking URI; every failure is an ``InputError`` with advice."""
+    """Pick the reader for a tracking URI; every failure is an ``InputError`` with advice.
+
+    Each reader's module is imported only for its scheme: the HTTP reader's ``requests``
+    and the file store's YAML parser cost a store import start-up time for nothing.
+    """
     config = config or load_config(None)
     uri = uri.strip()
     if not uri:
@@ -80,10 +81,17 @@ def open_reader(uri: str, config: Config | None = None) -> MlflowReader:
                 f"{uri}: SQLite URIs look like sqlite:///relative.db or sqlite:////abs.db"
             )
         path = Path(unquote(raw)).expanduser().resolve()
+        from audit.importers.mlflow.sqlstore import SqlStoreReader
+
         return SqlStoreReader.open_sqlite(path, f"sqlite:///{path}")
     if scheme.startswith("postgres"):
+        from audit.importers.mlflow.rest import redact_url
+        from audit.importers.mlflow.sqlstore import SqlStoreReader
+
         return SqlStoreReader.open_postgres(uri, redact_url(uri))
     if scheme in ("http", "https"):
+        from audit.importers.mlflow.rest import RestReader
+
         mlflow = config.values["mlflow"]
         return RestReader(
             uri,
@@ -93,9 +101,13 @@ def open_reader(uri: str, config: Config | None = None) -> MlflowReader:
             page_size=int(mlflow["page_size"]),
             max_response_bytes=int(float(mlflow["max_response_mb"]) * 2**20),
         )
+    from audit.importers.mlflow.filestore import FileStoreReader
+
     if scheme == "file":
         return FileStoreReader(Path(unquote(urlsplit(uri).path)).resolve())
     if scheme and len(scheme) > 1:
+        from audit.importers.mlflow.rest import redact_url
+
         raise InputError(
             f"{redact_url(uri)}: unsupported tracking URI scheme '{scheme}'; use {SUPPORTED}"
         )
@@ -127,22 +139,16 @@ def import_mlflow(
         summary.runs_written = changed.height
         summary.runs_unchanged = runs.height - changed.height
         changed_ids = changed["run_id"].to_list()
+        # Only runs already in the warehouse have rows to replace: a run's rows are written
+        # and deleted together, in one transaction, so a new run has none. (Each DELETE
+        # scans its whole table, 25M metric points at size L, even for no match.)
+        replaced_ids = changed.join(known, on="run_id", how="semi")["run_id"].to_list()
         model_versions = reader.model_versions()
         with wh.transaction() as con:
             upsert_source(con, source_id, reader.kind, reader.location, started_at)
             replace_experiments(con, source_id, experiments, reader.location)
-            con.execute("CREATE OR REPLACE TEMP TABLE audit_changed (run_id VARCHAR)")
-            con.register(
-                "changed_ids", pl.DataFrame({"run_id": changed_ids}, schema={"run_id": pl.String})
-            )
-            con.execute("INSERT INTO audit_changed SELECT run_id FROM changed_ids")
-            con.unregister("changed_ids")
-            for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
-                con.execute(
-                    f"DELETE FROM {table} WHERE source_id = ? "
-                    "AND run_id IN (SELECT run_id FROM audit_changed)",
-                    [source_id],
-                )
+            if replaced_ids:
+                _delete_runs(con, source_id, replaced_ids)
             insert_frame(con, "runs", runs_frame(changed, source_id, started_at, reader.location))
             progress.start(len(changed_ids))
             for batch in prefetch(reader.details(changed_ids)):
@@ -161,15 +167,28 @@ def import_mlflow(
                 ).with_columns(source_id=pl.lit(source_id)),
             )
             summary.model_versions = model_versions.height
-            refresh_links(con, config or load_config(None))
+            refresh_links(con, config or load_config(None), changed={source_id: changed_ids})
             refresh_search_tables(con, {source_id: changed_ids}, runs.height)
             summary.seconds = time.monotonic() - started
             _log_import(con, summary, runs, started_at)
-            con.execute("DROP TABLE audit_changed")
     finally:
         progress.stop()
         reader.close()
     return summary
+
+
+def _delete_runs(con, source_id: str, run_ids: list[str]) -> None:
+    """Every row of these runs of the source, before their new rows are written."""
+    con.register("replaced_ids", pl.DataFrame({"run_id": run_ids}, schema={"run_id": pl.String}))
+    try:
+        for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
+            con.execute(
+                f"DELETE FROM {table} WHERE source_id = ? "
+                "AND run_id IN (SELECT run_id FROM replaced_ids)",
+                [source_id],
+            )
+    finally:
+        con.unregister("replaced_ids")
 
 
 def _select_experiments(experiments: pl.DataFrame, names: list[str], location: str) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from audit.config import Config
 from audit.errors import InputError
 from audit.importers.files import insert_frame, now_utc
+from audit.importers.links import refresh_links_of_runs
 from audit.importers.mlflow import import_mlflow, open_reader
 from audit.importers.mlflow.rest import RestReader
 from audit.importers.run_store import (
@@ -79,6 +80,8 @@ def refresh_run(wh: Warehouse, run_id: str, config: Config, tracking_uri: str | 
             insert_frame(con, "runs", runs_frame(run, source_id, now, reader.location))
             for batch in batches:
                 write_batch(con, batch, source_id, reader.location)
+            # links read the run's rows: kept exact for later imports' incremental refresh
+            refresh_links_of_runs(con, config, {source_id: [run_id]})
             update_search_tables(con, source_id, [run_id])
     finally:
         reader.close()

@@ -3,7 +3,9 @@
 The MLflow client fetches one run at a time; reading the tables directly is orders of
 magnitude faster for whole histories. Rows arrive as Arrow through ADBC drivers (no
 per-row Python objects), inside one read transaction so the snapshot stays consistent
-while a tracking server keeps writing.
+while a tracking server keeps writing. The drivers are used through the driver manager's
+low-level API: its DB-API module imports ``pyarrow.dataset``, which imports pandas (half a
+second of every process start, a quarter of an incremental import's budget).
 
 Two access paths: when most runs changed (a first import), each table is scanned once
 sequentially; when few changed, their rows are fetched through a temporary table of run
@@ -97,17 +99,65 @@ def _signatures(frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
 _NO_DETAILS_SIGNATURE = ":".join("0" for _, cols in _SIGNATURE_PARTS.values() for _ in cols)
 
 
+class _Connection:
+    """One ADBC connection: SQL in, Arrow out, nothing of the DB-API layer."""
+
+    def __init__(self, database, autocommit: bool):
+        import adbc_driver_manager
+
+        self._connection = adbc_driver_manager.AdbcConnection(database)
+        self._statement = None
+        try:
+            if not autocommit:
+                self._connection.set_autocommit(False)  # one read transaction: one snapshot
+            self._statement = adbc_driver_manager.AdbcStatement(self._connection)
+        except BaseException:
+            self._connection.close()
+            raise
+
+    def reader(self, sql: str, bind=None):
+        """The result of ``sql`` as a ``pyarrow.RecordBatchReader`` (read it before the next call)."""
+        import pyarrow as pa
+
+        self._statement.set_sql_query(sql)
+        if bind is not None:
+            self._statement.bind_stream(bind)
+        handle, _ = self._statement.execute_query()
+        return pa.RecordBatchReader.from_stream(handle)
+
+    def table(self, sql: str):
+        return self.reader(sql).read_all()
+
+    def rows(self, sql: str) -> list[tuple]:
+        table = self.table(sql)
+        return list(zip(*(c.to_pylist() for c in table.columns), strict=True))
+
+    def execute(self, sql: str, bind=None) -> None:
+        """A statement without a result; ``bind`` (Arrow data) runs it once per row."""
+        self.reader(sql, bind).read_all()
+
+    def rollback(self) -> None:
+        self._connection.rollback()
+
+    def close(self) -> None:
+        try:
+            if self._statement is not None:
+                self._statement.close()
+        finally:
+            self._connection.close()
+
+
 class SqlStoreReader:
-    def __init__(self, connect, kind: str, location: str, error_types: tuple[type, ...]):
-        self._connect = connect
-        self.con = connect()
+    def __init__(self, database, kind: str, location: str, error_types: tuple[type, ...]):
+        self._database = database
         self.kind = kind
         self.location = location
         self._errors = error_types
-        self.cur = self.con.cursor()
+        self.con = None
         self._ph = "?" if kind == "sqlite" else "$1"
         self._total_runs = 0
         try:
+            self.con = _Connection(database, autocommit=False)
             self._columns = self._guard(self._table_columns)
             if "runs" not in self._columns or "experiments" not in self._columns:
                 raise InputError(
@@ -119,7 +169,7 @@ class SqlStoreReader:
                     f"{location}: damaged MLflow tracking database: no {', '.join(missing)} "
                     "table (every MLflow version has one); restore it from a backup"
                 )
-        except InputError:
+        except BaseException:
             self.close()
             raise
 
@@ -127,20 +177,19 @@ class SqlStoreReader:
     @classmethod
     def open_sqlite(cls, path: Path, location: str) -> SqlStoreReader:
         import adbc_driver_manager
-        import adbc_driver_sqlite.dbapi
+        import adbc_driver_sqlite
 
         if not path.exists():
             raise InputError(f"{location}: no such SQLite file; check the path after sqlite:///")
         if path.is_dir():
             raise InputError(f"{location}: is a directory; a file store is passed without sqlite:")
-        errors = (adbc_driver_manager.Error, adbc_driver_sqlite.dbapi.Error)
+        errors = (adbc_driver_manager.Error,)
         try:
-            return cls(
-                lambda: adbc_driver_sqlite.dbapi.connect(f"file:{quote(str(path))}?mode=ro"),
-                "sqlite",
-                location,
-                errors,
-            )
+            database = adbc_driver_sqlite.connect(f"file:{quote(str(path))}?mode=ro")
+        except errors as exc:
+            raise InputError(f"{location}: cannot open as SQLite ({_first_line(exc)})") from None
+        try:
+            return cls(database, "sqlite", location, errors)
         except errors as exc:
             raise InputError(f"{location}: cannot open as SQLite ({_first_line(exc)})") from None
 
@@ -148,34 +197,32 @@ class SqlStoreReader:
     def open_postgres(cls, uri: str, location: str) -> SqlStoreReader:
         try:
             import adbc_driver_manager
-            import adbc_driver_postgresql.dbapi
+            import adbc_driver_postgresql
         except ImportError:
             raise InputError(
                 "reading a Postgres MLflow store needs the optional driver: pip install 'audit-waste[postgres]'"
             ) from None
         dsn = uri.split("://", 1)[1]
-        errors = (adbc_driver_manager.Error, adbc_driver_postgresql.dbapi.Error)
+        errors = (adbc_driver_manager.Error,)
         try:
-            return cls(
-                lambda: adbc_driver_postgresql.dbapi.connect(f"postgresql://{dsn}"),
-                "postgres",
-                location,
-                errors,
-            )
+            database = adbc_driver_postgresql.connect(f"postgresql://{dsn}")
+            return cls(database, "postgres", location, errors)
         except errors as exc:
             raise InputError(f"{location}: cannot connect ({_first_line(exc)})") from None
 
     def close(self) -> None:
         try:
-            self.cur.close()
-            self.con.rollback()
+            if self.con is not None:
+                self.con.rollback()
         except self._errors:
             pass
         finally:
-            with contextlib.suppress(
-                RuntimeError, *self._errors
-            ):  # already failing: keep that error
-                self.con.close()
+            # already failing: keep that error
+            with contextlib.suppress(RuntimeError, *self._errors):
+                if self.con is not None:
+                    self.con.close()
+            with contextlib.suppress(RuntimeError, *self._errors):
+                self._database.close()
 
     # -- low level -------------------------------------------------------------------------
     def _guard(self, fn, *args):
@@ -186,15 +233,11 @@ class SqlStoreReader:
 
     def _table_columns(self) -> dict[str, set[str]]:
         if self.kind == "sqlite":
-            self.cur.execute(
-                "SELECT m.name, p.name FROM sqlite_master m, pragma_table_info(m.name) p WHERE m.type = 'table'"
-            )
+            sql = "SELECT m.name, p.name FROM sqlite_master m, pragma_table_info(m.name) p WHERE m.type = 'table'"
         else:
-            self.cur.execute(
-                "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()"
-            )
+            sql = "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()"
         out: dict[str, set[str]] = {}
-        for table, column in self.cur.fetchall():
+        for table, column in self.con.rows(sql):
             out.setdefault(table, set()).add(column)
         return out
 
@@ -202,20 +245,15 @@ class SqlStoreReader:
         return column if column in self._columns.get(table, set()) else "NULL"
 
     def _frame(self, sql: str, schema: dict, label: str) -> pl.DataFrame:
-        def run() -> pl.DataFrame:
-            self.cur.execute(sql)
-            return self._typed(self.cur.fetch_arrow_table(), schema, label)
-
-        return self._guard(run)
+        return self._guard(lambda: self._typed(self.con.table(sql), schema, label))
 
     def _frames(self, sql: str, schema: dict, label: str) -> Iterator[pl.DataFrame]:
         """The result in frames of about ``ROWS_PER_BATCH`` rows, never all at once."""
         import pyarrow as pa
 
         try:
-            self.cur.execute(sql)
             pending, rows = [], 0
-            for batch in self.cur.fetch_record_batch():
+            for batch in self.con.reader(sql):
                 pending.append(batch)
                 rows += batch.num_rows
                 if rows >= ROWS_PER_BATCH:
@@ -316,11 +354,9 @@ class SqlStoreReader:
 
         def run(name: str) -> pl.DataFrame:
             sql, schema = queries[name]
-            con = self._guard(self._connect)
+            con = self._guard(_Connection, self._database, True)
             try:
-                cur = con.cursor()
-                self._guard(cur.execute, sql)
-                return self._typed(self._guard(cur.fetch_arrow_table), schema, name)
+                return self._typed(self._guard(con.table, sql), schema, name)
             finally:
                 con.close()
 
@@ -422,24 +458,25 @@ class SqlStoreReader:
             if self.kind == "sqlite"
             else "SELECT CAST(reltuples AS BIGINT) FROM pg_class WHERE relname = 'metrics'"
         )
-        self.cur.execute(sql)
-        rows = self.cur.fetchall()
+        rows = self._guard(self.con.rows, sql)
         return int(rows[0][0] or 0) if rows else 0
 
     def _details_by_join(self, run_ids: list[str]) -> Iterator[DetailBatch]:
         # A temporary table joins far faster than thousands of bound IN-list parameters,
         # and temp tables are allowed on a read-only connection.
         self._guard(
-            self.cur.execute, "CREATE TEMP TABLE IF NOT EXISTS audit_wanted (run_uuid VARCHAR(64))"
+            self.con.execute, "CREATE TEMP TABLE IF NOT EXISTS audit_wanted (run_uuid VARCHAR(64))"
         )
         queries = self._queries(restrict=True)
         for start in range(0, len(run_ids), RUNS_PER_BATCH):
             chunk = run_ids[start : start + RUNS_PER_BATCH]
-            self._guard(self.cur.execute, "DELETE FROM audit_wanted")
+            self._guard(self.con.execute, "DELETE FROM audit_wanted")
+            # Arrow from polars: pyarrow's own constructors from Python lists import pandas
+            wanted = pl.DataFrame({"run_uuid": chunk}, schema={"run_uuid": pl.String})
             self._guard(
-                self.cur.executemany,
+                self.con.execute,
                 f"INSERT INTO audit_wanted VALUES ({self._ph})",
-                [(r,) for r in chunk],
+                wanted.to_arrow(compat_level=pl.CompatLevel.oldest()),
             )
             frames = {
                 name: self._frame(sql, schema, name) for name, (sql, schema) in queries.items()
