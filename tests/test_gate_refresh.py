@@ -70,10 +70,21 @@ def test_a_tagging_failure_is_a_warning_and_the_verdict_decides(
     s = store_and_server
     db = tmp_path / "w.duckdb"
     _import(run_cli, db, str(s["store"]))
-    # imported from a store: there is no server to write the tags to
-    code, out, err = run_cli("--db", str(db), "gate", s["run"], "--tag")
+    # imported from a store: there is no server to write the tags to (whatever an earlier
+    # test left in the environment: the option reads MLFLOW_TRACKING_URI)
+    no_uri = {"MLFLOW_TRACKING_URI": None}
+    code, out, err = run_cli("--db", str(db), "gate", s["run"], "--tag", env=no_uri)
     assert code == 1, (out, err)
     assert "FAIL: worst eval/general/mmlu" in out
+    assert err == (
+        f"audit: warning: the verdict was not tagged: run {s['run']} does not come from a "
+        "tracking server; pass --tracking-uri http://…\n"
+    )
+    # a store given as the URI: still no server to write to
+    code, out, err = run_cli(
+        "--db", str(db), "gate", s["run"], "--tag", "--tracking-uri", str(s["store"]), env=no_uri
+    )
+    assert code == 1, (out, err)
     assert err == (
         "audit: warning: the verdict was not tagged: writing tags back needs a tracking "
         "server (http://…), not a store path\n"
