@@ -33,7 +33,7 @@ from datetime import datetime
 import polars as pl
 
 from audit.costs import Cost, Facts, JobFacts, RunFacts
-from audit.warehouse.intervals import sample_hour, window_hours
+from audit.warehouse.intervals import materialised, sample_hour, window_hours
 from audit.windows import Window
 
 TRACKER_ORIGINS = ("mlflow", "wandb")
@@ -307,21 +307,22 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
     )
     con.register("audit_windows", frame)
     try:
-        per_gpu = _rows(
-            con,
-            f"""
-            SELECT w.key, CASE WHEN list_contains(?, s.origin) THEN 'tracker' ELSE 'telemetry' END AS source,
-                   s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
-                   max(s.mem_total_mib) AS mem_total, count(*) AS samples,
-                   any_value(s.model) AS model
-            FROM {window_hours("audit_windows")} w
-            JOIN gpu_samples s ON s.host = w.host AND {sample_hour("s.ts")} = w.hour
-                 AND s.ts >= w.lo AND s.ts < w.hi
-            WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
-            GROUP BY ALL ORDER BY w.key, source DESC, s.host, s.gpu
-            """,
-            [list(TRACKER_ORIGINS)],
-        )
+        with materialised(con, "audit_window_hours", window_hours("audit_windows")) as hours:
+            per_gpu = _rows(
+                con,
+                f"""
+                SELECT w.key, CASE WHEN list_contains(?, s.origin) THEN 'tracker' ELSE 'telemetry' END AS source,
+                       s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
+                       max(s.mem_total_mib) AS mem_total, count(*) AS samples,
+                       any_value(s.model) AS model
+                FROM {hours} w
+                JOIN gpu_samples s ON s.host = w.host AND {sample_hour("s.ts")} = w.hour
+                     AND s.ts >= w.lo AND s.ts < w.hi
+                WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
+                GROUP BY ALL ORDER BY w.key, source DESC, s.host, s.gpu
+                """,
+                [list(TRACKER_ORIGINS)],
+            )
         shared = {
             r["key"]
             for r in _rows(

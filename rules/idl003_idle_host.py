@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
-from audit.warehouse.intervals import allocation_hours, sample_hour
+from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
 
 
 class IdleHost(Rule):
@@ -52,35 +52,36 @@ class IdleHost(Rule):
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
         condition, params = ctx.window.condition("s.ts")
-        spans = ctx.rows(
-            f"""
-            WITH instants AS (
-                SELECT s.host, s.ts, count(DISTINCT s.gpu) AS gpus, any_value(s.model) AS model
-                FROM gpu_samples s WHERE {condition} GROUP BY s.host, s.ts
-            ),
-            covered AS (
-                SELECT DISTINCT i.host, i.ts
-                FROM instants i JOIN {allocation_hours()} a
-                  ON a.host = i.host AND a.hour = {sample_hour("i.ts")} AND i.ts >= a.lo AND i.ts < a.hi
-            ),
-            times AS (
-                SELECT i.*, c.host IS NOT NULL AS busy
-                FROM instants i LEFT JOIN covered c ON c.host = i.host AND c.ts = i.ts
-            ),
-            marked AS (
-                SELECT *, CASE WHEN busy OR lag(busy) OVER w OR lag(ts) OVER w IS NULL
-                                    OR ts - lag(ts) OVER w > to_minutes(CAST(? AS BIGINT)) THEN 1 ELSE 0 END AS starts
-                FROM times WINDOW w AS (PARTITION BY host ORDER BY ts)
-            ),
-            numbered AS (
-                SELECT *, sum(starts) OVER (PARTITION BY host ORDER BY ts) AS stretch FROM marked WHERE NOT busy
+        with materialised(ctx.con, "audit_allocation_hours", allocation_hours()):
+            spans = ctx.rows(
+                f"""
+                WITH instants AS (
+                    SELECT s.host, s.ts, count(DISTINCT s.gpu) AS gpus, any_value(s.model) AS model
+                    FROM gpu_samples s WHERE {condition} GROUP BY s.host, s.ts
+                ),
+                covered AS (
+                    SELECT DISTINCT i.host, i.ts
+                    FROM instants i JOIN audit_allocation_hours a
+                      ON a.host = i.host AND a.hour = {sample_hour("i.ts")} AND i.ts >= a.lo AND i.ts < a.hi
+                ),
+                times AS (
+                    SELECT i.*, c.host IS NOT NULL AS busy
+                    FROM instants i LEFT JOIN covered c ON c.host = i.host AND c.ts = i.ts
+                ),
+                marked AS (
+                    SELECT *, CASE WHEN busy OR lag(busy) OVER w OR lag(ts) OVER w IS NULL
+                                        OR ts - lag(ts) OVER w > to_minutes(CAST(? AS BIGINT)) THEN 1 ELSE 0 END AS starts
+                    FROM times WINDOW w AS (PARTITION BY host ORDER BY ts)
+                ),
+                numbered AS (
+                    SELECT *, sum(starts) OVER (PARTITION BY host ORDER BY ts) AS stretch FROM marked WHERE NOT busy
+                )
+                SELECT host, stretch, min(ts) AS first_ts, max(ts) AS last_ts, max(gpus) AS gpus,
+                       any_value(model) AS model, count(*) AS samples
+                FROM numbered GROUP BY host, stretch ORDER BY host, first_ts
+                """,
+                [*params, round(t["max_gap_minutes"])],
             )
-            SELECT host, stretch, min(ts) AS first_ts, max(ts) AS last_ts, max(gpus) AS gpus,
-                   any_value(model) AS model, count(*) AS samples
-            FROM numbered GROUP BY host, stretch ORDER BY host, first_ts
-            """,
-            [*params, round(t["max_gap_minutes"])],
-        )
         for span in spans:
             hours = (span["last_ts"] - span["first_ts"]).total_seconds() / 3600
             if hours < t["min_idle_hours"]:
