@@ -229,6 +229,9 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "http_max_retries": ((int,), 5),
         "http_backoff_seconds": ((int, float), 0.5),
         "page_size": ((int,), 1000),
+        # requests to a tracking server at a time: searches of separate experiments and
+        # metric-history requests overlap, bounded so a shared server is not flooded
+        "http_concurrency": ((int,), 4),
         "max_response_mb": ((int, float), 512),  # a larger answer is refused, not buffered
     },
 }
@@ -453,6 +456,11 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
         raise InputError(
             f"config {path.at('cost', 'default_gpus_per_run')}: [cost] default_gpus_per_run "
             "must be a GPU count from 0 (unknown) to 1000000"
+        )
+    if not 1 <= values["mlflow"]["http_concurrency"] <= 64:
+        raise InputError(
+            f"config {path.at('mlflow', 'http_concurrency')}: [mlflow] http_concurrency "
+            "must be a number of requests at a time from 1 to 64"
         )
     try:
         ZoneInfo(values["cluster"]["timezone"])

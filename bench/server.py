@@ -30,6 +30,9 @@ def mlflow_server(store: Path, workdir: Path) -> Iterator[str]:
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri"]
     command += [f"sqlite:///{backend}", "--default-artifact-root", str(workdir / "artifacts")]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
+    # uvicorn restarts a worker that does not answer its supervisor within 5 s; on a busy
+    # machine a worker still importing MLflow misses that, and the server never comes up
+    command += ["--uvicorn-opts", "--timeout-worker-healthcheck 120"]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
     url = f"http://127.0.0.1:{port}"
     try:

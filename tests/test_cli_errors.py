@@ -107,7 +107,7 @@ def test_unreachable_server_is_retried_then_exit_2(tmp_path, run_cli):
     [
         (
             "[mlflow]\npage_sise = 10\n",
-            "unknown key 'page_sise' in [mlflow]; valid keys: http_backoff_seconds, http_max_retries, http_timeout_seconds, max_response_mb, page_size",
+            "unknown key 'page_sise' in [mlflow]; valid keys: http_backoff_seconds, http_concurrency, http_max_retries, http_timeout_seconds, max_response_mb, page_size",
         ),
         (
             "[clusters]\ntimezone = 'UTC'\n",

@@ -168,7 +168,8 @@ def ingest(run_cli, db, config, uri: str):
 
 @pytest.fixture
 def seeded(tmp_path, run_cli):
-    """A warehouse holding the sample week, and a config that pages 3 runs at a time."""
+    """A warehouse holding the sample week, and a config that pages 3 runs at a time, one
+    request at a time (so the request a fault hits is the one whose failure is reported)."""
     db = tmp_path / "w.duckdb"
     code, _, err = run_cli(
         "--db", str(db), "ingest", "mlflow", "--tracking-uri", str(REPO / "sample_logs" / "mlruns")
@@ -177,7 +178,7 @@ def seeded(tmp_path, run_cli):
     config = tmp_path / "audit.toml"
     config.write_text(
         "[mlflow]\npage_size = 3\nhttp_max_retries = 2\nhttp_backoff_seconds = 0.05\n"
-        "http_timeout_seconds = 1.0\n"
+        "http_timeout_seconds = 1.0\nhttp_concurrency = 1\n"
     )
     return db, config
 

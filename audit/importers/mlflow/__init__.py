@@ -99,6 +99,7 @@ def open_reader(uri: str, config: Config | None = None) -> MlflowReader:
             max_retries=int(mlflow["http_max_retries"]),
             backoff=float(mlflow["http_backoff_seconds"]),
             page_size=int(mlflow["page_size"]),
+            concurrency=int(mlflow["http_concurrency"]),
             max_response_bytes=int(float(mlflow["max_response_mb"]) * 2**20),
         )
     from audit.importers.mlflow.filestore import FileStoreReader

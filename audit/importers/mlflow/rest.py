@@ -1,9 +1,12 @@
 """Reading a running MLflow tracking server through its documented REST API.
 
-Runs come from ``runs/search`` with large pages (params, tags and latest metrics included);
-metric histories only for new or changed runs, fetched concurrently: a hundred runs' history
-of one metric per request through the server's bulk endpoint (the one MLflow's own UI
-uses), one run at a time through ``metrics/get-history`` where a server does not offer it. Transient failures
+Runs come from ``runs/search`` with large pages (params, tags and latest metrics included),
+experiments split into two groups searched at the same time; metric histories only for new
+or changed runs: a hundred runs' history of one metric per request through the server's bulk
+endpoint (the one MLflow's own UI uses), one run at a time through ``metrics/get-history``
+where a server does not offer it. At most ``[mlflow] http_concurrency`` requests are under
+way at once, and the next batch's histories are asked for while the current one is being
+written. An unchanged run (same change signature) has no history fetched at all. Transient failures
 (5xx, 429, resets, timeouts, truncated bodies) are retried with exponential backoff, then
 end in ``SourceUnavailable``. Credentials come from the URI or MLflow's environment
 variables and are never part of ``location``.
@@ -21,13 +24,15 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import polars as pl
 import requests
+from requests.adapters import HTTPAdapter
 
 from audit.errors import InputError, SourceUnavailable
 from audit.importers.mlflow import fields
@@ -56,7 +61,12 @@ HISTORY_PAGE = 25_000
 BULK_RUNS = 100
 BULK_POINTS = 25_000
 RUNS_PER_BATCH = 500
-HISTORY_WORKERS = 8
+SEARCH_EXPERIMENTS = 100  # experiment ids per runs/search request
+# A search page costs MLflow seconds of CPU (it builds every run in Python): two searches
+# at a time keep two workers busy; more would stack pages in the same workers until one
+# misses the request deadline (seen at four on a loaded 2-core machine).
+SEARCHES_AT_ONCE = 2
+BATCHES_AHEAD = 2  # batches whose histories are being fetched while one is written
 DEFAULT_MAX_RESPONSE_BYTES = 512 << 20
 DEADLINE_GRACE_S = 1.0
 
@@ -94,6 +104,7 @@ class RestReader:
         backoff: float = 0.5,
         page_size: int = 1000,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        concurrency: int = 4,
     ):
         parts = urlsplit(uri)
         if not parts.hostname:
@@ -105,7 +116,12 @@ class RestReader:
         self.backoff = backoff
         self.page_size = page_size
         self.max_response_bytes = max_response_bytes
+        self.concurrency = concurrency
         self.session = requests.Session()
+        # one kept-alive connection per concurrent request (requests keeps 10 by default)
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=concurrency)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
         self.session.headers["User-Agent"] = "audit-mlflow-importer"
         user = parts.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
         password = parts.password or os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -297,18 +313,32 @@ class RestReader:
         )
 
     def runs(self, experiment_ids: list[str]) -> pl.DataFrame:
+        """Every run of the experiments. MLflow builds a search page run by run in one
+        worker, and the pages of one search follow each other; so the experiments are split
+        into SEARCHES_AT_ONCE groups (at most SEARCH_EXPERIMENTS each, fewer if
+        ``concurrency`` is 1) searched at the same time."""
         if not experiment_ids:
             experiment_ids = self.experiments()["experiment_id"].to_list()
-        rows = []
-        for start in range(0, len(experiment_ids), 100):
-            payload = {
-                "experiment_ids": experiment_ids[start : start + 100],
-                "max_results": self.page_size,
-                "run_view_type": "ALL",
-            }
-            for run in self._paged("POST", "runs/search", payload, "runs"):
-                rows.append(self._run_row(run, f"{self.location}: runs/search"))
-        return frame(rows, RUN_SCHEMA)
+        at_once = min(SEARCHES_AT_ONCE, self.concurrency)
+        per_group = min(SEARCH_EXPERIMENTS, max(1, -(-len(experiment_ids) // at_once)))
+        groups = [
+            experiment_ids[start : start + per_group]
+            for start in range(0, len(experiment_ids), per_group)
+        ]
+        with ThreadPoolExecutor(at_once) as pool:
+            found = list(pool.map(self._search_runs, groups))
+        return frame([row for rows in found for row in rows], RUN_SCHEMA)
+
+    def _search_runs(self, experiment_ids: list[str]) -> list[tuple]:
+        payload = {
+            "experiment_ids": experiment_ids,
+            "max_results": self.page_size,
+            "run_view_type": "ALL",
+        }
+        where = f"{self.location}: runs/search"
+        return [
+            self._run_row(run, where) for run in self._paged("POST", "runs/search", payload, "runs")
+        ]
 
     def _run_row(self, run: dict, where: str) -> tuple:
         """One run of runs/search or runs/get as a RUN_SCHEMA row; keeps it for details()."""
@@ -388,36 +418,64 @@ class RestReader:
         return frame([self._experiment_row(e, where, experiment_id)], EXPERIMENT_SCHEMA)
 
     def details(self, run_ids: list[str]) -> Iterator[DetailBatch]:
-        with ThreadPoolExecutor(HISTORY_WORKERS) as pool:
-            for start in range(0, len(run_ids), RUNS_PER_BATCH):
-                chunk = run_ids[start : start + RUNS_PER_BATCH]
-                params, tags, latest, datasets, wanted = [], [], [], [], []
-                for run_id in chunk:
-                    run = self._search_results[run_id]
-                    params.extend((run_id, k, v) for k, v in run.params)
-                    tags.extend((run_id, k, v) for k, v in run.tags)
-                    latest.extend(run.metrics)
-                    wanted.extend((run_id, m[1]) for m in run.metrics)
-                    datasets.extend(run.datasets)
-                runs_by_key: dict[str, list[str]] = {}
-                for run_id, key in wanted:
-                    runs_by_key.setdefault(key, []).append(run_id)
-                requests_ = [
-                    (key, ids[i : i + BULK_RUNS])
-                    for key, ids in sorted(runs_by_key.items())
-                    for i in range(0, len(ids), BULK_RUNS)
-                ]
-                history: list[tuple] = []
-                for points in pool.map(self._histories, requests_):
-                    history.extend(points)
-                yield DetailBatch(
-                    run_count=len(chunk),
-                    params=frame(params, PARAM_SCHEMA),
-                    tags=frame(tags, TAG_SCHEMA),
-                    metrics=frame(history, METRIC_SCHEMA),
-                    latest_metrics=frame(latest, METRIC_SCHEMA),
-                    datasets=frame(datasets, DATASET_SCHEMA),
-                )
+        """Batches of RUNS_PER_BATCH runs. The history requests of the next BATCHES_AHEAD
+        batches are queued before a batch is handed over, so the server always has work
+        while this side parses and the caller writes; ``concurrency`` bounds the requests
+        under way."""
+        chunks = (run_ids[i : i + RUNS_PER_BATCH] for i in range(0, len(run_ids), RUNS_PER_BATCH))
+        pending: deque[tuple[list[str], list[Future]]] = deque()
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            try:
+                for chunk in chunks:
+                    pending.append(
+                        (
+                            chunk,
+                            [
+                                pool.submit(self._histories, r)
+                                for r in self._history_requests(chunk)
+                            ],
+                        )
+                    )
+                    if len(pending) > BATCHES_AHEAD:
+                        yield self._batch(*pending.popleft())
+                while pending:
+                    yield self._batch(*pending.popleft())
+            finally:  # an error or an abandoned import: drop what was queued
+                for _chunk, futures in pending:
+                    for future in futures:
+                        future.cancel()
+
+    def _history_requests(self, chunk: list[str]) -> list[tuple[str, list[str]]]:
+        """(metric key, up to BULK_RUNS run ids) for every metric the runs logged."""
+        runs_by_key: dict[str, list[str]] = {}
+        for run_id in chunk:
+            for metric in self._search_results[run_id].metrics:
+                runs_by_key.setdefault(metric[1], []).append(run_id)
+        return [
+            (key, ids[i : i + BULK_RUNS])
+            for key, ids in sorted(runs_by_key.items())
+            for i in range(0, len(ids), BULK_RUNS)
+        ]
+
+    def _batch(self, chunk: list[str], futures: list[Future]) -> DetailBatch:
+        params, tags, latest, datasets = [], [], [], []
+        for run_id in chunk:
+            run = self._search_results[run_id]
+            params.extend((run_id, k, v) for k, v in run.params)
+            tags.extend((run_id, k, v) for k, v in run.tags)
+            latest.extend(run.metrics)
+            datasets.extend(run.datasets)
+        history: list[tuple] = []
+        for future in futures:
+            history.extend(future.result())
+        return DetailBatch(
+            run_count=len(chunk),
+            params=frame(params, PARAM_SCHEMA),
+            tags=frame(tags, TAG_SCHEMA),
+            metrics=frame(history, METRIC_SCHEMA),
+            latest_metrics=frame(latest, METRIC_SCHEMA),
+            datasets=frame(datasets, DATASET_SCHEMA),
+        )
 
     def _histories(self, key_and_runs: tuple[str, list[str]]) -> list[tuple]:
         """The whole history of one metric of several runs."""
