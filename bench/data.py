@@ -10,6 +10,7 @@ param ``output_dir`` -> checkpoint folder.
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import shutil
@@ -29,6 +30,9 @@ class Size:
     runs: int
     hosts: int
     days: int
+    metric_steps: int = generate.STEPS  # points per metric key per run
+    plus_store: bool = True  # the +1 % store of the incremental import
+    by_hand: bool = False  # too big for `python -m bench`: `python -m bench.xl`, never in CI
 
     @property
     def new_runs(self) -> int:
@@ -39,6 +43,9 @@ SIZES = {
     "S": Size("S", 1_000, 10, 1),
     "M": Size("M", 10_000, 100, 1),
     "L": Size("L", 100_000, 125, 7),
+    # the single-machine ceiling of issue 18: 1 M runs at 5 steps x 5 keys (25 M points,
+    # as many as L: 250 per run would be a ~72 GB store) and 80.6 M telemetry rows
+    "XL": Size("XL", 1_000_000, 1_000, 7, metric_steps=5, plus_store=False, by_hand=True),
 }
 CHECKPOINT_EVERY = 20  # every 20th run kept its checkpoints
 CHECKPOINT_GB = {"qwen2.5-7b": 15.2, "llama3.1-8b": 16.1, "qwen2.5-32b": 65.5}
@@ -91,22 +98,22 @@ class DataSet:
         return sorted(self.telemetry.glob("*.csv"))
 
 
-def prepare(size: Size, cache: Path, log=print) -> DataSet:
+def parts(size: Size) -> list[str]:
+    """The names of the generated parts of a size's data set, in generation order."""
+    return [name for name in _MAKERS if size.plus_store or name != "mlflow-plus"]
+
+
+def prepare(size: Size, cache: Path, log=print, only: list[str] | None = None) -> DataSet:
+    """Generate the parts not generated yet (``only`` these, if given; the by-hand XL
+    generates its parts in parallel processes)."""
     data = DataSet(cache / size.name, size)
     data.root.mkdir(parents=True, exist_ok=True)
-    steps = [
-        ("mlflow-base", _make_base_store),
-        ("mlflow-plus", _make_plus_store),
-        ("telemetry", _make_telemetry),
-        ("sacct", _make_sacct),
-        ("checkpoints", _make_checkpoints),
-    ]
-    for name, make in steps:
+    for name in only or parts(size):
         done = data.root / f".done-{name}"
         if done.exists():
             continue
         started = time.monotonic()
-        make(data)
+        _MAKERS[name](data)
         done.write_text(datetime.now(UTC).isoformat() + "\n")
         log(f"generated {name} for size {size.name} in {time.monotonic() - started:.1f} s")
     data.config.write_text(
@@ -120,14 +127,17 @@ def _make_base_store(data: DataSet) -> None:
     path = data.base_store
     path.unlink(missing_ok=True)
     ids = generate.create_store(path, experiments=10)
-    generate.write_bulk(path, generate.synthetic_runs(data.size.runs, 0, len(ids)), ids)
+    runs = generate.synthetic_runs(data.size.runs, 0, len(ids), steps=data.size.metric_steps)
+    generate.write_bulk(path, _progress(runs, data.size.runs, "mlflow-base"), ids)
     _settle(path)
 
 
 def _make_plus_store(data: DataSet) -> None:
     shutil.copyfile(data.base_store, data.plus_store)
     ids = generate.bench_experiment_ids(data.plus_store)
-    runs = generate.synthetic_runs(data.size.new_runs, 0, len(ids), first=data.size.runs)
+    runs = generate.synthetic_runs(
+        data.size.new_runs, 0, len(ids), first=data.size.runs, steps=data.size.metric_steps
+    )
     generate.write_bulk(data.plus_store, runs, ids)
     _settle(data.plus_store)
 
@@ -142,19 +152,31 @@ def _settle(path: Path) -> None:
 def _make_telemetry(data: DataSet) -> None:
     shutil.rmtree(data.telemetry, ignore_errors=True)
     data.telemetry.mkdir(parents=True)
+    written: dict[int, Path] = {}  # phase -> the first host file of that phase
     for h in range(data.size.hosts):
-        telemetry.write_host(
-            data.telemetry / f"{host_name(h)}.csv", h, data.size.days, datetime(2026, 11, 16)
-        )
+        path = data.telemetry / f"{host_name(h)}.csv"
+        if telemetry.phase(h) in written:
+            shutil.copyfile(written[telemetry.phase(h)], path)  # a real copy, not a link
+        else:
+            telemetry.write_host(path, h, data.size.days, datetime(2026, 11, 16))
+            written[telemetry.phase(h)] = path
+        if data.size.hosts >= 500 and (h + 1) % 100 == 0:
+            print(f"telemetry: {h + 1}/{data.size.hosts} hosts", file=sys.stderr, flush=True)
 
 
 def host_name(index: int) -> str:
     return f"gpu-{index:04d}"
 
 
-def _runs(data: DataSet):
-    total = data.size.runs + data.size.new_runs
-    return generate.synthetic_runs(total, 0, 10)
+def _runs(data: DataSet, what: str):
+    """Every run of the stores (the plus store's too) without metrics: jobs use none, and
+    the other fields do not depend on the metric steps."""
+    total = _total_runs(data.size)
+    return _progress(generate.synthetic_runs(total, 0, 10, steps=0), total, what)
+
+
+def _total_runs(size: Size) -> int:
+    return size.runs + (size.new_runs if size.plus_store else 0)
 
 
 def _make_sacct(data: DataSet) -> None:
@@ -164,7 +186,7 @@ def _make_sacct(data: DataSet) -> None:
     placer = _Placer(data.size.hosts)
     with open(data.sacct, "w") as out:
         out.write(SACCT_HEADER + "\n")
-        for i, run in enumerate(_runs(data)):
+        for i, run in enumerate(_runs(data, "sacct")):
             gpus = int(run.params["num_gpus"])
             host = placer.place(run.start_ms, run.end_ms, gpus)
             state = "FAILED" if run.status == "FAILED" else "COMPLETED"
@@ -225,14 +247,20 @@ class _Placer:
     """
 
     def __init__(self, hosts: int):
-        self.running: list[list[tuple[int, int]]] = [[] for _ in range(hosts)]
+        self.free = [8] * hosts  # GPUs free on each host
+        self.ending: list[tuple[int, int, int]] = []  # (end, host, gpus), a heap
         self.overflow = 0
 
     def place(self, start: int, end: int, gpus: int) -> str:
-        for index, jobs in enumerate(self.running):
-            jobs[:] = [(e, g) for e, g in jobs if e > start]
-            if sum(g for _, g in jobs) + gpus <= 8:
-                jobs.append((end, gpus))
+        # jobs come in start order, so a job that ended by this start has freed its GPUs
+        # for good (a heap, not a scan of every host's jobs: XL places 1 M jobs on 1,000)
+        while self.ending and self.ending[0][0] <= start:
+            _, host, freed = heapq.heappop(self.ending)
+            self.free[host] += freed
+        for index, free in enumerate(self.free):
+            if free >= gpus:
+                self.free[index] -= gpus
+                heapq.heappush(self.ending, (end, index, gpus))
                 return host_name(index)
         self.overflow += 1
         return f"gpu-x{self.overflow % 1000:03d}"
@@ -240,9 +268,9 @@ class _Placer:
 
 def _make_checkpoints(data: DataSet) -> None:
     shutil.rmtree(data.scratch, ignore_errors=True)
-    for i, run in enumerate(_runs(data)):
-        if i % CHECKPOINT_EVERY:
-            continue
+    # each run has its own seed: the 20th ones alone are generated (XL has 1 M runs)
+    for i in range(0, _total_runs(data.size), CHECKPOINT_EVERY):
+        run = next(generate.synthetic_runs(1, 0, 10, first=i, steps=0))
         folder = data.scratch / run.params["output_dir"].removeprefix("/scratch/")
         total = int(run.params["max_steps"])
         steps = list(range(total // 4, total + 1, total // 4))
@@ -260,5 +288,25 @@ def _make_checkpoints(data: DataSet) -> None:
                 os.utime(checkpoint / name, (saved, saved))
 
 
+_MAKERS = {
+    "mlflow-base": _make_base_store,
+    "mlflow-plus": _make_plus_store,
+    "telemetry": _make_telemetry,
+    "sacct": _make_sacct,
+    "checkpoints": _make_checkpoints,
+}
+
+
+def _progress(runs, total: int, what: str):
+    """Pass the runs through, with a line on stderr every 100,000 of a big set (XL takes
+    tens of minutes); the smaller sizes print nothing, as before."""
+    started = time.monotonic()
+    for i, run in enumerate(runs, 1):
+        yield run
+        if total >= 500_000 and i % 100_000 == 0:
+            rate = i / (time.monotonic() - started)
+            print(f"{what}: {i:,}/{total:,} runs ({rate:,.0f}/s)", file=sys.stderr, flush=True)
+
+
 if __name__ == "__main__":
-    prepare(SIZES[sys.argv[1]], Path(sys.argv[2]))
+    prepare(SIZES[sys.argv[1]], Path(sys.argv[2]), only=sys.argv[3:] or None)

@@ -54,8 +54,14 @@ class SyntheticRun:
     metrics: list[tuple[str, float, int, int]]  # key, value, timestamp, step
 
 
-def synthetic_runs(n: int, seed: int = 0, experiments: int = 10, first: int = 0):
-    """Yield ``n`` runs (indices ``first``..``first + n - 1``), identical for the same seed."""
+def synthetic_runs(
+    n: int, seed: int = 0, experiments: int = 10, first: int = 0, steps: int = STEPS
+):
+    """Yield ``n`` runs (indices ``first``..``first + n - 1``), identical for the same seed.
+
+    ``steps`` points per metric key; the metric loop draws nothing from the run's random
+    generator, so every other field of a run is the same whatever ``steps`` is.
+    """
     for i in range(first, first + n):
         rng = random.Random(seed * 1_000_003 + i)
         lr = rng.choice(list(LR_SPELLINGS))
@@ -91,9 +97,9 @@ def synthetic_runs(n: int, seed: int = 0, experiments: int = 10, first: int = 0)
         base_general = rng.uniform(0.6, 0.8)
         drift = rng.uniform(-0.08, 0.01) if method == "sft" else rng.uniform(-0.01, 0.01)
         metrics = []
-        for step in range(STEPS):
-            ts = start + int((end - start) * step / STEPS)
-            frac = step / STEPS
+        for step in range(steps):
+            ts = start + int((end - start) * step / steps)
+            frac = step / steps
             metrics.append(("train/loss", round(2.0 * (1 - frac) + 0.3, 5), ts, step))
             metrics.append(("eval/target/pass_at_1", round(0.3 + 0.2 * frac, 5), ts, step))
             for k, key in enumerate(METRIC_KEYS[2:]):

@@ -20,6 +20,12 @@ import polars as pl
 HEADER = "timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB]"
 
 
+def phase(host_index: int) -> int:
+    """The hour of the 14-hour busy/idle cycle a host starts in: hosts of the same phase
+    write the same samples (``bench.data`` copies the file instead of building it again)."""
+    return host_index * 3 % 14
+
+
 def write_host(path: Path, host_index: int, days: int, start: datetime) -> int:
     minutes = days * 24 * 60
     frame = (
@@ -28,7 +34,7 @@ def write_host(path: Path, host_index: int, days: int, start: datetime) -> int:
         .with_columns(
             ts=pl.lit(start) + pl.duration(minutes=pl.col("minute")),
             # busy for 10 of every 14 hours, idle otherwise; a seed per host shifts the phase
-            busy=((pl.col("minute") // 60 + host_index * 3) % 14) < 10,
+            busy=((pl.col("minute") // 60 + phase(host_index)) % 14) < 10,
         )
         .with_columns(
             util=pl.when(pl.col("busy"))
