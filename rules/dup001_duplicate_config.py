@@ -214,9 +214,8 @@ def _repeated_configs(ctx: RuleContext, volatile: list[str], gap: float) -> list
         for (commit, digests), runs in _by_known(members).items():
             groups[(params, commit, digests)] = runs
     out = []
-    for signature, runs in sorted(groups.items()):
-        if len(runs) < 2:
-            continue
+    repeated = [(signature, runs) for signature, runs in groups.items() if len(runs) >= 2]
+    for signature, runs in sorted(repeated):  # most of 100,000s of signatures are run once
         launches = group_launches(runs, gap)
         repeats, original = _repeats(launches)
         out.append((signature, launches, repeats, original))
