@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from audit.cli import cli
 from audit.docs import iter_commands
-from audit.warehouse import SCHEMA_VERSION
+from audit.warehouse.migrations import MIGRATIONS, V8
 from tests.helpers import REPO
 
 SAMPLE = REPO / "sample_logs"
@@ -367,9 +367,11 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     )
     con.execute(f"UPDATE gpu_samples SET ts = {OUT_OF_RANGE[1]} WHERE rowid < 10")
     con.execute(f"UPDATE checkpoints SET mtime = {OUT_OF_RANGE[0]} WHERE rowid = 0")
-    # as the version before the clean-up left it
+    # as the version before the clean-up (V8) left it: without the later tables (V9)
+    con.execute("DROP TABLE report_models")
     con.execute(
-        "UPDATE audit_meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION - 1)]
+        "UPDATE audit_meta SET value = ? WHERE key = 'schema_version'",
+        [str(MIGRATIONS.index(V8))],
     )
     samples = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
     con.close()
