@@ -38,6 +38,7 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "rule_results",
             "prune_log",
             "run_files",
+            "report_models",
         }
 
 
