@@ -11,6 +11,7 @@ times, tags, output dirs, artifact folders or metrics), the incremental refresh 
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -176,25 +177,31 @@ def _change(con, data: dict) -> dict[str, list[str]]:
 CONFIG_TEXT = '[links]\npath_prefixes = { "/cluster" = "/scratch" }\n'
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=world())
-def test_incremental_refresh_equals_full_derivation(data):
+@contextmanager
+def _history(data):
+    """A new warehouse holding the drawn history, and the config its links are made with."""
     with tempfile.TemporaryDirectory() as folder:
         config_path = Path(folder) / "audit.toml"
         config_path.write_text(CONFIG_TEXT)
         config = load_config(config_path)
         wh = open_warehouse(Path(folder) / "w.duckdb")
         try:
-            con = wh.con
-            _build(con, data)
-            refresh_links(con, config)  # the links of the history, settings stored
-            changed = _change(con, data)
-            refresh_links(con, config, changed=changed)
-            incremental = _links(con)
-            refresh_links(con, config)
-            assert incremental == _links(con)
+            _build(wh.con, data)
+            yield wh.con, config
         finally:
             wh.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=world())
+def test_incremental_refresh_equals_full_derivation(data):
+    with _history(data) as (con, config):
+        refresh_links(con, config)  # the links of the history, settings stored
+        changed = _change(con, data)
+        refresh_links(con, config, changed=changed)
+        incremental = _links(con)
+        refresh_links(con, config)
+        assert incremental == _links(con)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -202,22 +209,13 @@ def test_incremental_refresh_equals_full_derivation(data):
 def test_refresh_of_runs_with_other_settings_leaves_links_to_the_next_import(data):
     """A single-run refresh under settings other than the stored ones changes no link (the
     next import derives them all and compares); under the stored ones it is exact."""
-    with tempfile.TemporaryDirectory() as folder:
-        config_path = Path(folder) / "audit.toml"
-        config_path.write_text(CONFIG_TEXT)
-        config = load_config(config_path)
-        wh = open_warehouse(Path(folder) / "w.duckdb")
-        try:
-            con = wh.con
-            _build(con, data)
-            refresh_links(con, config)
-            before = _links(con)
-            changed = _change(con, data)
-            refresh_links_of_runs(con, load_config(None), changed)
-            assert _links(con) == before
-            refresh_links_of_runs(con, config, changed)
-            incremental = _links(con)
-            refresh_links(con, config)
-            assert incremental == _links(con)
-        finally:
-            wh.close()
+    with _history(data) as (con, config):
+        refresh_links(con, config)
+        before = _links(con)
+        changed = _change(con, data)
+        refresh_links_of_runs(con, load_config(None), changed)
+        assert _links(con) == before
+        refresh_links_of_runs(con, config, changed)
+        incremental = _links(con)
+        refresh_links(con, config)
+        assert incremental == _links(con)
