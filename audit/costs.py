@@ -24,13 +24,12 @@ user); a job with runs takes its first run's team, method and base model.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from audit.config import Config
-from audit.windows import Window
+from audit.windows import Window, started_in
 
 HOUR = 3600.0
 MAX_GPUS = 1_000_000  # a GPU count above this is not a count (a typo, an id)
@@ -228,11 +227,11 @@ class Facts:
 
     def runs_in(self, window: Window) -> list[RunFacts]:
         """The runs started in ``window`` (every run for an unbounded window), by start."""
-        return _started_in(self.runs, self._run_starts, window)
+        return started_in(self.runs, self._run_starts, window)
 
     def jobs_in(self, window: Window) -> list[JobFacts]:
         """The jobs started in ``window`` (every job for an unbounded window), by start."""
-        return _started_in(self.jobs, self._job_starts, window)
+        return started_in(self.jobs, self._job_starts, window)
 
     def run(self, source_id: str, run_id: str) -> RunFacts | None:
         return self._runs.get((source_id, run_id))
@@ -537,14 +536,6 @@ def _first(found: dict[str, str] | None, keys: list[str]) -> str | None:
         if value not in (None, ""):
             return value
     return None
-
-
-def _started_in(items: list, starts: list[datetime], window: Window) -> list:
-    if window.since is None and window.until is None:
-        return items  # the unbounded window holds unknown starts too (Window.contains)
-    lo = 0 if window.since is None else bisect_left(starts, window.since)
-    hi = len(starts) if window.until is None else bisect_left(starts, window.until)
-    return items[lo:hi]
 
 
 class _PriceMemo:

@@ -34,7 +34,7 @@ import polars as pl
 
 from audit.costs import Cost, Facts, JobFacts, RunFacts
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
-from audit.windows import Window
+from audit.windows import Window, started_in
 
 TRACKER_ORIGINS = ("mlflow", "wandb")
 JOBSTATS_PREFIX = "JS1:"
@@ -80,7 +80,8 @@ class Usage:
     samples: int = 0
     model: str | None = None
     hosts: list[str] = field(default_factory=list)
-    why: str = ""  # for status != ok: what is missing
+    why: str = ""  # for status != ok: what is missing, for this allocation
+    reason: str = ""  # ``why`` without the allocation's own details: notes group by it
 
     @property
     def label(self) -> str:
@@ -146,10 +147,15 @@ class UsageIndex:
         self.facts = facts
         self._usage: dict[str, Usage] = {}  # by allocation key, computed when first asked
         self._allocations: list[Allocation] | None = None
+        self._by_kind: list[tuple[list[Allocation], list[datetime]]] = []
 
     def allocations(self) -> list[Allocation]:
+        """Jobs' allocations by start, then runs' by start (each as ``Facts`` orders them)."""
         if self._allocations is None:
             self._allocations = self._build_allocations()
+            jobs = [a for a in self._allocations if a.kind == "job"]
+            runs = self._allocations[len(jobs) :]
+            self._by_kind = [(part, [a.start for a in part]) for part in (jobs, runs)]
         return self._allocations
 
     def has_evidence(self) -> bool:
@@ -159,19 +165,29 @@ class UsageIndex:
         usage = self._usage_of(self.allocations())
         return any(u.status != "no data" for u in usage.values())
 
-    def judged(self, window: Window, min_hours: float, notes: list[str]):
+    def judged(
+        self, window: Window, min_hours: float, notes: list[str]
+    ) -> list[tuple[Allocation, Usage]]:
         """(allocation, usage) for every allocation started in the window that ran at least
-        ``min_hours`` and has usage data; the others become notes."""
+        ``min_hours`` and has usage data; the others become notes (``unjudged_notes``)."""
+        self.allocations()
         chosen = [
-            a for a in self.allocations() if window.contains(a.start) and a.hours >= min_hours
+            a
+            for part, starts in self._by_kind
+            for a in started_in(part, starts, window)
+            if a.hours >= min_hours
         ]
         usage = self._usage_of(chosen)
+        out = []
+        unjudged: dict[str, list[tuple[Allocation, Usage]]] = {}
         for alloc in chosen:
             use = usage[_key(alloc)]
-            if use.status != "ok":
-                notes.append(f"{alloc.label}: {use.why}")
-                continue
-            yield alloc, use
+            if use.status == "ok":
+                out.append((alloc, use))
+            else:
+                unjudged.setdefault(use.reason or use.why, []).append((alloc, use))
+        notes.extend(unjudged_notes(unjudged))
+        return out
 
     # -- building ------------------------------------------------------------------------
     def _build_allocations(self) -> list[Allocation]:
@@ -250,7 +266,9 @@ class UsageIndex:
             key = _key(alloc)
             if alloc.kind == "run":
                 out[key] = tracked.get(key) or Usage(
-                    "no data", why="no GPU system metrics in the run's history"
+                    "no data",
+                    why="no GPU system metrics in the run's history",
+                    reason="no GPU system metrics in their histories",
                 )
                 continue
             use = sampled.get(key)
@@ -263,6 +281,7 @@ class UsageIndex:
             elif use is not None and use.status == "ambiguous":
                 out[key] = use
             else:
+                running = " (the job is still running)" if alloc.job.state == "RUNNING" else ""
                 out[key] = Usage(
                     "no data",
                     gpus=alloc.gpus,
@@ -270,11 +289,48 @@ class UsageIndex:
                     why=(
                         "no GPU usage evidence: no telemetry for its hosts "
                         f"({', '.join(alloc.job.hosts) or 'unknown'}), no tracker system "
-                        "metrics, no jobstats summary, no sacct gres/gpuutil"
-                        + (" (the job is still running)" if alloc.job.state == "RUNNING" else "")
+                        "metrics, no jobstats summary, no sacct gres/gpuutil" + running
+                    ),
+                    reason=(
+                        "no GPU usage evidence: no telemetry for their hosts, no tracker system "
+                        "metrics, no jobstats summary, no sacct gres/gpuutil" + running
                     ),
                 )
         return out
+
+
+NOTE_SUBJECTS = 10  # up to this many allocations with one reason get a note each
+NOTE_EXAMPLES = 5  # a note for more names this many of them
+
+
+def unjudged_notes(unjudged: dict[str, list[tuple[Allocation, Usage]]]) -> list[str]:
+    """One note per allocation that could not be judged, or, for a reason shared by more
+    than ``NOTE_SUBJECTS`` of them, one note with their count and the first few: a note
+    per job for 90,000 jobs without telemetry is read by nobody and was most of a scan's
+    stored size (56 MB at 100,000 jobs)."""
+    notes = []
+    for reason, group in unjudged.items():
+        if len(group) <= NOTE_SUBJECTS:
+            notes.extend(f"{alloc.label}: {use.why}" for alloc, use in group)
+            continue
+        examples = ", ".join(
+            f"{alloc.label} ({', '.join(use.hosts)})" if use.hosts else alloc.label
+            for alloc, use in group[:NOTE_EXAMPLES]
+        )
+        notes.append(
+            f"{_allocations_counted(group)}: {reason}; for example {examples} "
+            f"and {len(group) - NOTE_EXAMPLES:,} more"
+        )
+    return notes
+
+
+def _allocations_counted(group: list[tuple[Allocation, Usage]]) -> str:
+    jobs = sum(1 for alloc, _ in group if alloc.kind == "job")
+    runs = len(group) - jobs
+    parts = [
+        f"{n:,} {kind}{'' if n == 1 else 's'}" for n, kind in ((jobs, "job"), (runs, "run")) if n
+    ]
+    return " and ".join(parts)
 
 
 def _key(alloc: Allocation) -> str:
@@ -361,6 +417,7 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
                 gpus=w["gpus"],
                 hosts=host_list,
                 why=f"no GPU telemetry for its hosts ({', '.join(host_list) or 'unknown'})",
+                reason="no GPU telemetry for their hosts",
             )
             continue
         if source == "telemetry" and w["key"] in shared and len(rows) > w["gpus"]:
@@ -373,6 +430,10 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
                 why=(
                     f"ambiguous: another job shared its hosts ({', '.join(host_list)}) and "
                     "the telemetry cannot tell the jobs' GPUs apart"
+                ),
+                reason=(
+                    "ambiguous: other jobs shared their hosts and the telemetry cannot tell "
+                    "the jobs' GPUs apart"
                 ),
             )
             continue

@@ -9,6 +9,7 @@ gets the same test from ``condition``, with bound parameters.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -73,6 +74,16 @@ class Window:
             ) from None
         year, week, _ = start_local.isocalendar()
         return week_window(year, week, tz)
+
+
+def started_in(items: list, starts: list[datetime], window: Window) -> list:
+    """The items that ``window.contains`` by start, found by bisection: ``items`` are
+    ordered by start with unknown starts last, ``starts`` are their known starts."""
+    if window.since is None and window.until is None:
+        return items  # the unbounded window holds unknown starts too (Window.contains)
+    lo = 0 if window.since is None else bisect_left(starts, window.since)
+    hi = len(starts) if window.until is None else bisect_left(starts, window.until)
+    return items[lo:hi]
 
 
 ALL_HISTORY = Window()

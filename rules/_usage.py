@@ -7,7 +7,7 @@ from audit.rule_api import RuleContext, Skip
 from audit.usage import Allocation, Usage
 
 
-def judged(ctx: RuleContext, min_minutes: float):
+def judged(ctx: RuleContext, min_minutes: float) -> list[tuple[Allocation, Usage]]:
     """(allocation, usage) pairs of the window with usage evidence; the rest become notes.
 
     Raises Skip when nothing can be judged at all, naming what to import.
@@ -20,7 +20,7 @@ def judged(ctx: RuleContext, min_minutes: float):
             "no GPU usage evidence: no GPU telemetry (audit ingest gpu), no tracker system "
             "metrics, no sacct TRESUsageInMax gres/gpuutil and no jobstats summaries"
         )
-    yield from ctx.usage.judged(ctx.window, min_minutes / 60, ctx.notes)
+    return ctx.usage.judged(ctx.window, min_minutes / 60, ctx.notes)
 
 
 def priced(alloc: Allocation, gpu_hours: float) -> tuple[float, str]:

@@ -129,7 +129,10 @@ def render_table(result, summary, top: int = 10) -> str:
         lines.append(f"{r.rule} {r.status}: {r.reason}")
     notes = sum(len(r.notes) for r in result.results)
     if notes:
-        lines.append(f"{notes} subjects could not be judged (see notes in --format json)")
+        lines.append(
+            f"{notes} note{'' if notes == 1 else 's'} on subjects that could not be judged "
+            "(see notes in --format json)"
+        )
     return "\n".join(safe_lines(lines))
 
 
