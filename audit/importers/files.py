@@ -202,7 +202,9 @@ def import_files(
         skipped_what=source.skipped_what
         or ("bad " + source.unit.replace("(s)", "s") if source.skips_bad_units else "bad lines"),
     )
-    logged: list[tuple[Path, ParsedUnit, int]] = []
+    # the file log's figures only: keeping each ``parsed`` kept every file's rows in memory
+    # until the end (7.3 GiB for 80 M telemetry samples)
+    logged: list[tuple[str, int, int, int]] = []
     progress.start(len(units))
     try:
         with wh.transaction() as con:
@@ -220,19 +222,11 @@ def import_files(
                 summary.skipped.extend(parsed.skipped)
                 summary.warnings.extend(parsed.warnings)
                 summary.notes.extend(parsed.notes)
-                logged.append((unit, parsed, written))
+                logged.append((str(unit.resolve()), parsed.rows_read, written, len(parsed.skipped)))
             source.finish(con, summary)
             refresh_links(con, config)
             summary.seconds = time.monotonic() - started
-            log_file_imports(
-                con,
-                source.kind,
-                [
-                    (str(unit.resolve()), parsed.rows_read, written, len(parsed.skipped))
-                    for unit, parsed, written in logged
-                ],
-                summary.seconds,
-            )
+            log_file_imports(con, source.kind, logged, summary.seconds)
     finally:
         progress.stop()
     return summary
