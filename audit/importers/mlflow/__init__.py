@@ -133,20 +133,9 @@ def import_mlflow(
         experiment_ids = _select_experiments(experiments, experiment_names or [], reader.location)
         if experiment_ids:
             experiments = experiments.filter(pl.col("experiment_id").is_in(experiment_ids))
-        known = wh.frame(
-            "SELECT run_id, signature, name, source_commit FROM runs WHERE source_id = ?",
-            [source_id],
-        )
-        runs = reader.runs(
-            experiment_ids,
-            KnownRuns(
-                known,
-                lambda table, aggregates, run_ids: _warehouse_totals(
-                    wh, source_id, table, aggregates, run_ids
-                ),
-            ),
-        )
-        known = known.select("run_id", "signature")
+        known = known_runs(wh, source_id)
+        runs = reader.runs(experiment_ids, known)
+        known = known.signatures.select("run_id", "signature")
         changed = runs.join(known, on=["run_id", "signature"], how="anti")
         summary.runs_seen = runs.height
         summary.runs_written = changed.height
@@ -202,6 +191,19 @@ def _delete_runs(con, source_id: str, run_ids: list[str]) -> None:
             )
     finally:
         con.unregister("replaced_ids")
+
+
+def known_runs(wh: Warehouse, source_id: str) -> KnownRuns:
+    """What the warehouse holds of the source's runs, for the reader to prove runs unchanged."""
+    return KnownRuns(
+        wh.frame(
+            "SELECT run_id, signature, name, source_commit FROM runs WHERE source_id = ?",
+            [source_id],
+        ),
+        lambda table, aggregates, run_ids: _warehouse_totals(
+            wh, source_id, table, aggregates, run_ids
+        ),
+    )
 
 
 def _warehouse_totals(

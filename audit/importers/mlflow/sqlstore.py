@@ -9,7 +9,9 @@ second of every process start, a quarter of an incremental import's budget).
 
 Two access paths: when most runs changed (a first import), each table is scanned once
 sequentially; when few changed, their rows are fetched through a temporary table of run
-ids joined on MLflow's ``run_uuid`` indexes.
+ids joined on MLflow's ``run_uuid`` indexes. Change detection follows the same split: the
+per-run signature is computed only for runs that may have changed once whole-table totals
+prove the others unchanged (``SqlStoreReader._runs_proven_unchanged``).
 """
 
 from __future__ import annotations
