@@ -200,25 +200,26 @@ def known_runs(wh: Warehouse, source_id: str) -> KnownRuns:
             "SELECT run_id, signature, name, source_commit FROM runs WHERE source_id = ?",
             [source_id],
         ),
-        lambda table, aggregates, run_ids: _warehouse_totals(
-            wh, source_id, table, aggregates, run_ids
+        lambda table, aggregates, except_runs: _warehouse_totals(
+            wh, source_id, table, aggregates, except_runs
         ),
     )
 
 
 def _warehouse_totals(
-    wh: Warehouse, source_id: str, table: str, aggregates: tuple[str, ...], run_ids: pl.Series
+    wh: Warehouse, source_id: str, table: str, aggregates: tuple[str, ...], except_runs: pl.Series
 ) -> tuple[int, ...]:
-    """``aggregates`` (over rows aliased x) of the warehouse's ``table`` rows of these runs."""
-    wh.con.register("proven_runs", run_ids.to_frame("run_id"))
+    """``aggregates`` (over rows aliased x) of the warehouse's ``table`` rows of the source,
+    except those of ``except_runs`` (a few: naming them is cheaper than naming the rest)."""
+    wh.con.register("other_runs", except_runs.to_frame("run_id"))
     try:
         row = wh.con.execute(
             f"SELECT {', '.join(aggregates)} FROM {table} x WHERE x.source_id = ? "
-            "AND x.run_id IN (SELECT run_id FROM proven_runs)",
+            "AND x.run_id NOT IN (SELECT run_id FROM other_runs)",
             [source_id],
         ).fetchall()[0]
     finally:
-        wh.con.unregister("proven_runs")
+        wh.con.unregister("other_runs")
     return tuple(int(v or 0) for v in row)
 
 

@@ -42,7 +42,7 @@ class KnownRuns:
 
     signatures: pl.DataFrame  # run_id, signature, name, source_commit as last imported
     # (table, aggregate expressions over its rows aliased x, run ids) -> the aggregates
-    # over the warehouse's rows of those runs, as integers
+    # over the warehouse's rows of the source's runs except those, as integers
     totals: Callable[[str, tuple[str, ...], pl.Series], tuple[int, ...]]
 
 

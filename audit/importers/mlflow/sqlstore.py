@@ -495,13 +495,15 @@ class SqlStoreReader:
             return None
         unchanged = runs.filter(~may_have_changed)
         self._fill_temp_table("audit_candidates", candidates["run_id"].to_list())
+        # the warehouse's runs outside R: candidates it knows, runs gone from the store
+        not_proven = stored.join(unchanged, on="run_id", how="anti")["run_id"]
         for table, aggregates in _STORE_TOTALS.items():
             sql = f"SELECT {', '.join(aggregates)} FROM {_rows_of(table, 'audit_candidates')}"
             of_candidates = _totals(self._frame(sql, _totals_schema(aggregates), table))
             in_store = tuple(
                 a - b for a, b in zip(_totals(everyone[table]), of_candidates, strict=True)
             )
-            in_warehouse = known.totals(table, WAREHOUSE_TOTALS[table], unchanged["run_id"])
+            in_warehouse = known.totals(table, WAREHOUSE_TOTALS[table], not_proven)
             if in_store != in_warehouse:
                 return None
         checked = self._with_signatures(candidates.drop(_KNOWN_COLUMNS), only="audit_candidates")
