@@ -164,3 +164,23 @@ def test_missing_option_is_usage_error(run_cli):
     code, _, err = run_cli("ingest", "mlflow", env={"MLFLOW_TRACKING_URI": ""})
     assert code == 2
     assert "Missing option '--tracking-uri'" in err
+
+
+def test_a_command_imports_only_its_own_module():
+    """Commands are found by name without importing every command module (the rule engine
+    and report renderers stay out of an import's start-up), and the name map is complete."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, click\n"
+        "from audit.cli import cli, _COMMAND_MODULES\n"
+        "ctx = click.Context(cli)\n"
+        "assert cli.get_command(ctx, 'ingest') is not None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('audit.cli.')))\n"
+        "print(sorted(cli.list_commands(ctx)) == sorted(_COMMAND_MODULES))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.splitlines()
+    assert out == ["['audit.cli.ingest', 'audit.cli.output']", "True"]

@@ -19,7 +19,7 @@ from audit.config import Config, load_config
 from audit.errors import InputError
 from audit.importers.files import insert_frame, prefetch
 from audit.importers.links import refresh_links
-from audit.importers.mlflow.base import MlflowReader
+from audit.importers.mlflow.base import KnownRuns, MlflowReader
 from audit.importers.run_store import (
     EPOCH_MS_MAX,
     EPOCH_MS_MIN,
@@ -133,8 +133,9 @@ def import_mlflow(
         experiment_ids = _select_experiments(experiments, experiment_names or [], reader.location)
         if experiment_ids:
             experiments = experiments.filter(pl.col("experiment_id").is_in(experiment_ids))
-        runs = reader.runs(experiment_ids)
-        known = wh.frame("SELECT run_id, signature FROM runs WHERE source_id = ?", [source_id])
+        known = known_runs(wh, source_id)
+        runs = reader.runs(experiment_ids, known)
+        known = known.signatures.select("run_id", "signature")
         changed = runs.join(known, on=["run_id", "signature"], how="anti")
         summary.runs_seen = runs.height
         summary.runs_written = changed.height
@@ -190,6 +191,36 @@ def _delete_runs(con, source_id: str, run_ids: list[str]) -> None:
             )
     finally:
         con.unregister("replaced_ids")
+
+
+def known_runs(wh: Warehouse, source_id: str) -> KnownRuns:
+    """What the warehouse holds of the source's runs, for the reader to prove runs unchanged."""
+    return KnownRuns(
+        wh.frame(
+            "SELECT run_id, signature, name, source_commit FROM runs WHERE source_id = ?",
+            [source_id],
+        ),
+        lambda table, aggregates, except_runs: _warehouse_totals(
+            wh, source_id, table, aggregates, except_runs
+        ),
+    )
+
+
+def _warehouse_totals(
+    wh: Warehouse, source_id: str, table: str, aggregates: tuple[str, ...], except_runs: pl.Series
+) -> tuple[int, ...]:
+    """``aggregates`` (over rows aliased x) of the warehouse's ``table`` rows of the source,
+    except those of ``except_runs`` (a few: naming them is cheaper than naming the rest)."""
+    wh.con.register("other_runs", except_runs.to_frame("run_id"))
+    try:
+        row = wh.con.execute(
+            f"SELECT {', '.join(aggregates)} FROM {table} x WHERE x.source_id = ? "
+            "AND x.run_id NOT IN (SELECT run_id FROM other_runs)",
+            [source_id],
+        ).fetchall()[0]
+    finally:
+        wh.con.unregister("other_runs")
+    return tuple(int(v or 0) for v in row)
 
 
 def _select_experiments(experiments: pl.DataFrame, names: list[str], location: str) -> list[str]:

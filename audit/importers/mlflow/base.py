@@ -3,7 +3,8 @@ enums and the model registry."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import polars as pl
@@ -34,6 +35,17 @@ GIT_COMMIT_TAG = "mlflow.source.git.commit"
 RUN_NAME_TAG = "mlflow.runName"
 
 
+@dataclass(frozen=True)
+class KnownRuns:
+    """What the warehouse holds of a source's runs, for a reader that can prove runs
+    unchanged without computing their signatures in the store (the SQL store reader)."""
+
+    signatures: pl.DataFrame  # run_id, signature, name, source_commit as last imported
+    # (table, aggregate expressions over its rows aliased x, run ids) -> the aggregates
+    # over the warehouse's rows of the source's runs except those, as integers
+    totals: Callable[[str, tuple[str, ...], pl.Series], tuple[int, ...]]
+
+
 class MlflowReader(Protocol):
     """A source of MLflow history. ``location`` never contains credentials."""
 
@@ -42,7 +54,9 @@ class MlflowReader(Protocol):
 
     def experiments(self) -> pl.DataFrame: ...
 
-    def runs(self, experiment_ids: list[str]) -> pl.DataFrame: ...
+    def runs(self, experiment_ids: list[str], known: KnownRuns | None = None) -> pl.DataFrame:
+        """Every run with its change signature; ``known`` may spare a reader work."""
+        ...
 
     def details(self, run_ids: list[str]) -> Iterator[DetailBatch]: ...
 

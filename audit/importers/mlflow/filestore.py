@@ -25,6 +25,7 @@ from audit.importers.mlflow.base import (
     RUN_NAME_TAG,
     RUN_STATUS_BY_NUMBER,
     SOURCE_TYPE_BY_NUMBER,
+    KnownRuns,
 )
 from audit.importers.run_store import (
     DATASET_SCHEMA,
@@ -136,7 +137,7 @@ class FileStoreReader:
             )
         return frame(rows, EXPERIMENT_SCHEMA)
 
-    def runs(self, experiment_ids: list[str]) -> pl.DataFrame:
+    def runs(self, experiment_ids: list[str], known: KnownRuns | None = None) -> pl.DataFrame:
         rows = []
         for exp_dir in self._experiment_dirs:
             experiment_id, _meta, _path = self._experiment(exp_dir)

@@ -40,6 +40,7 @@ from audit.importers.mlflow.base import (
     GIT_COMMIT_TAG,
     MODEL_VERSION_SCHEMA,
     RUN_NAME_TAG,
+    KnownRuns,
 )
 from audit.importers.run_store import (
     DATASET_SCHEMA,
@@ -312,7 +313,7 @@ class RestReader:
             fields.epoch_ms(e.get("last_update_time"), where, "last_update_time"),
         )
 
-    def runs(self, experiment_ids: list[str]) -> pl.DataFrame:
+    def runs(self, experiment_ids: list[str], known: KnownRuns | None = None) -> pl.DataFrame:
         """Every run of the experiments. MLflow builds a search page run by run in one
         worker, and the pages of one search follow each other; so the experiments are split
         into SEARCHES_AT_ONCE groups (at most SEARCH_EXPERIMENTS each, fewer if
