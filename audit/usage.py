@@ -29,6 +29,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 import polars as pl
 
@@ -128,6 +129,13 @@ class Allocation:
     job: JobFacts | None = None
     run: RunFacts | None = None
 
+    @cached_property
+    def key(self) -> str:
+        """The allocation's key in the usage computed for it (once: rules ask per window)."""
+        if self.kind == "job":
+            return f"job\0{self.job.cluster}\0{self.job.job_id}"
+        return f"run\0{self.run.source_id}\0{self.run.run_id}"
+
     @property
     def hours(self) -> float:
         if self.job is not None and self.job.hours is not None:
@@ -181,7 +189,7 @@ class UsageIndex:
         out = []
         unjudged: dict[str, list[tuple[Allocation, Usage]]] = {}
         for alloc in chosen:
-            use = usage[_key(alloc)]
+            use = usage[alloc.key]
             if use.status == "ok":
                 out.append((alloc, use))
             else:
@@ -239,7 +247,7 @@ class UsageIndex:
         """The usage of ``wanted`` (and of every allocation asked for before): one
         allocation's usage does not depend on the others', so a weekly scan computes only
         its week's and the next scan of the same process reuses them."""
-        allocations = [a for a in wanted if _key(a) not in self._usage]
+        allocations = [a for a in wanted if a.key not in self._usage]
         if allocations:
             self._usage.update(self._compute(allocations))
         return self._usage
@@ -250,7 +258,7 @@ class UsageIndex:
             self.con,
             [
                 {
-                    "key": _key(a),
+                    "key": a.key,
                     "cluster": a.job.cluster,
                     "job_id": a.job.job_id,
                     "gpus": a.gpus,
@@ -263,7 +271,7 @@ class UsageIndex:
         tracked = _run_system_metrics(self.con, [a for a in allocations if a.kind == "run"])
         out = {}
         for alloc in allocations:
-            key = _key(alloc)
+            key = alloc.key
             if alloc.kind == "run":
                 out[key] = tracked.get(key) or Usage(
                     "no data",
@@ -314,7 +322,7 @@ def unjudged_notes(unjudged: dict[str, list[tuple[Allocation, Usage]]]) -> list[
             notes.extend(f"{alloc.label}: {use.why}" for alloc, use in group)
             continue
         examples = ", ".join(
-            f"{alloc.label} ({', '.join(use.hosts)})" if use.hosts else alloc.label
+            f"{alloc.label} ({_hosts_named(use.hosts)})" if use.hosts else alloc.label
             for alloc, use in group[:NOTE_EXAMPLES]
         )
         notes.append(
@@ -324,6 +332,11 @@ def unjudged_notes(unjudged: dict[str, list[tuple[Allocation, Usage]]]) -> list[
     return notes
 
 
+def _hosts_named(hosts: list[str], shown: int = 3) -> str:
+    more = f" and {len(hosts) - shown} more" if len(hosts) > shown else ""
+    return ", ".join(hosts[:shown]) + more
+
+
 def _allocations_counted(group: list[tuple[Allocation, Usage]]) -> str:
     jobs = sum(1 for alloc, _ in group if alloc.kind == "job")
     runs = len(group) - jobs
@@ -331,12 +344,6 @@ def _allocations_counted(group: list[tuple[Allocation, Usage]]) -> str:
         f"{n:,} {kind}{'' if n == 1 else 's'}" for n, kind in ((jobs, "job"), (runs, "run")) if n
     ]
     return " and ".join(parts)
-
-
-def _key(alloc: Allocation) -> str:
-    if alloc.kind == "job":
-        return f"job\0{alloc.job.cluster}\0{alloc.job.job_id}"
-    return f"run\0{alloc.run.source_id}\0{alloc.run.run_id}"
 
 
 def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
@@ -482,7 +489,7 @@ def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
     if not allocations:
         return {}
     keys = pl.DataFrame(
-        [(a.run.source_id, a.run.run_id, _key(a)) for a in allocations],
+        [(a.run.source_id, a.run.run_id, a.key) for a in allocations],
         schema=["source_id", "run_id", "key"],
         orient="row",
     )

@@ -85,38 +85,52 @@ _SPECIAL_TAGS = "('mlflow.source.git.commit', 'mlflow.runName')"
 # Whole-store totals that prove runs unchanged without grouping by run (see
 # ``SqlStoreReader._runs_proven_unchanged``): the same quantities the signature sums per
 # run, summed over whole tables in one sequential scan each, and the same totals over the
-# warehouse's copies of those rows. Tag lengths are also summed weighted by a number drawn
-# from the run id, so that one tag growing on one run while another shrinks on another
-# run still moves a total; times and steps are summed modulo a prime so that sums of
-# 13-digit epoch milliseconds cannot overflow.
+# warehouse's copies of those rows. Tag lengths (in bytes: SQLite's length() of a text
+# stops at a NUL, DuckDB's does not), steps and times are also summed weighted by two
+# numbers drawn from the first six hex digits of the run id (w and w² mod a prime), so that
+# changes on several runs cancel in every total only if the runs share those digits: a tag
+# moved between two runs, or lengths changing -1, +2, -1 on three, still move a total.
+# Every term is taken modulo a prime before it is summed, so that no sum of 13-digit epoch
+# milliseconds times a weight overflows 64 bits.
 _PRIME = 2_147_483_647
 _HEX = "'0123456789abcdef'"
+_ID_DIGITS = 6  # 16.7 M weights; a non-hex character counts as digit 0
 
 
-def _weight(run: str) -> str:
-    return f"(1 + 17 * instr({_HEX}, substr({run}, 1, 1)) + instr({_HEX}, substr({run}, 2, 1)))"
+def _weights(run: str) -> tuple[str, str]:
+    digits = " + ".join(
+        f"{17**k} * instr({_HEX}, substr({run}, {k + 1}, 1))" for k in range(_ID_DIGITS)
+    )
+    weight = f"(1 + {digits})"
+    return weight, f"(({weight} * {weight}) % {_PRIME})"
 
 
-_TAG_LENGTH = "(length(x.key) + length(coalesce(x.value, '')))"
-_STORE_TOTALS = {
-    "params": ("count(*)",),
-    "tags": ("count(*)", f"sum({_TAG_LENGTH})", f"sum({_TAG_LENGTH} * {_weight('x.run_uuid')})"),
-    "latest_metrics": (
-        "count(*)",
-        f"sum(x.step % {_PRIME})",
-        f"sum(coalesce(x.timestamp, 0) % {_PRIME})",
-    ),
-}
+def _change_totals(run: str, length: str, timestamp: str) -> dict[str, tuple[str, ...]]:
+    """The totals of each table as SQL aggregates over rows aliased x: ``run`` is the run id
+    column, ``length`` a byte-length function of the dialect, ``timestamp`` epoch ms."""
+    value = "coalesce(x.value, '')"
+    tag_length = f"({length.format('x.key')} + {length.format(value)})"
+
+    def weighted(value: str) -> tuple[str, ...]:
+        return tuple(f"sum(((({value}) % {_PRIME}) * {w}) % {_PRIME})" for w in _weights(run))
+
+    time = f"coalesce({timestamp}, 0)"
+    return {
+        "params": ("count(*)",),
+        "tags": ("count(*)", f"sum({tag_length})", *weighted(tag_length)),
+        "latest_metrics": (
+            "count(*)",
+            f"sum(x.step % {_PRIME})",
+            f"sum({time} % {_PRIME})",
+            *weighted("x.step"),
+            *weighted(time),
+        ),
+    }
+
+
+_STORE_TOTALS = _change_totals("x.run_uuid", "length(CAST({} AS BLOB))", "x.timestamp")
 # The same totals over the warehouse's rows (DuckDB: ids in run_id, times as timestamps).
-WAREHOUSE_TOTALS = {
-    "params": ("count(*)",),
-    "tags": ("count(*)", f"sum({_TAG_LENGTH})", f"sum({_TAG_LENGTH} * {_weight('x.run_id')})"),
-    "latest_metrics": (
-        "count(*)",
-        f"sum(x.step % {_PRIME})",
-        f"sum(coalesce(epoch_ms(x.ts), 0) % {_PRIME})",
-    ),
-}
+WAREHOUSE_TOTALS = _change_totals("x.run_id", "strlen({})", "epoch_ms(x.ts)")
 # A run still being written to changes between any two imports: checked run by run, so
 # that it does not defeat the whole-store proof for all the others.
 _ACTIVE_STATUSES = ("RUNNING", "SCHEDULED")
