@@ -1,20 +1,20 @@
-"""Changes on several runs that cancel in plain whole-table totals (a tag moved between
-two runs, lengths changing -1, +2, -1 on three, latest times moving by amounts that sum to
-the prime) are still detected by the change proof's run-weighted totals, as the per-run
-signatures detected them; a NUL in a tag does not defeat the proof (byte lengths on both
-sides). Found by attacking the first version of the proof, which weighted by two hex digits
-and missed the first three."""
+"""Changes on several runs that cancel in the change proof's whole-table totals (a tag moved
+between two runs whose ids start with the same two hex digits, tag lengths changing -1, +2,
+-1 on three runs, latest times moving by amounts that sum to the prime) are imported by the
+next full check (``FULL_CHECK_HOURS``), as the per-run signatures imported them; a NUL in a
+tag does not defeat the proof (byte lengths on both sides). Found by attacking the proof."""
 
 from __future__ import annotations
 
 import shutil
 import sqlite3
 import uuid
+from datetime import datetime, timedelta
 
 import duckdb
 from mlflow import MlflowClient
 
-from audit.importers.mlflow import import_mlflow
+from audit.importers.mlflow import FULL_CHECK_HOURS, import_mlflow
 from audit.warehouse import open_warehouse
 
 _PRIME = 2_147_483_647
@@ -48,7 +48,21 @@ def _store_with_runs(server, tmp_path, new_ids: list[str]):
     return store, db
 
 
+def _age_full_check(db, hours: float) -> None:
+    """Pretend the last full check of every source ran ``hours`` ago."""
+    with open_warehouse(db) as wh:
+        keys = wh.con.execute(
+            "SELECT key, value FROM audit_meta WHERE key LIKE 'mlflow_full_check:%'"
+        ).fetchall()
+        assert keys, "an import records its full check"
+        for key, value in keys:
+            then = datetime.fromisoformat(value) - timedelta(hours=hours)
+            wh.con.execute("UPDATE audit_meta SET value = ? WHERE key = ?", [then.isoformat(), key])
+
+
 def _reimport_and_compare(store, db, query_store: str, query_warehouse: str) -> None:
+    """The re-import once the full check is due holds the store's rows."""
+    _age_full_check(db, FULL_CHECK_HOURS + 1)
     with open_warehouse(db) as wh:
         import_mlflow(wh, f"sqlite:///{store}")
     con = sqlite3.connect(store)
@@ -64,9 +78,11 @@ def _reimport_and_compare(store, db, query_store: str, query_warehouse: str) -> 
     assert in_warehouse == in_store
 
 
-def test_a_tag_moved_between_two_runs_sharing_two_id_digits_is_detected(server, tmp_path):
+def test_a_tag_moved_between_two_runs_sharing_two_id_digits_is_imported_by_the_full_check(
+    server, tmp_path
+):
     """'best' moved from one finished run to another whose id starts with the same two
-    hex digits: count and length agree, and so did a weight drawn from two digits."""
+    hex digits: count, length and the length weighted by those digits agree."""
     a, b = "ab" + uuid.uuid4().hex[2:], "ab" + uuid.uuid4().hex[2:]
     store, db = _store_with_runs(server, tmp_path, [a, b])
     client = MlflowClient(tracking_uri=f"sqlite:///{store}")
@@ -83,9 +99,9 @@ def test_a_tag_moved_between_two_runs_sharing_two_id_digits_is_detected(server, 
     )
 
 
-def test_tag_rewrites_on_three_runs_that_cancel_in_one_weighting_are_detected(server, tmp_path):
-    """Ids 00…, 0c…, 17… had weights 19, 31, 43 from two digits: length changes -1, +2, -1
-    cancel in the count, the length sum and that weighted sum (not in w²)."""
+def test_tag_rewrites_on_three_runs_that_cancel_are_imported_by_the_full_check(server, tmp_path):
+    """Ids 00…, 0c…, 17… weigh 19, 31, 43: length changes -1, +2, -1 cancel in the count,
+    the length sum and the weighted length sum."""
     ids = [p + uuid.uuid4().hex[2:] for p in ("00", "0c", "17")]
     store, db = _store_with_runs(server, tmp_path, ids)
     client = MlflowClient(tracking_uri=f"sqlite:///{store}")
@@ -103,7 +119,7 @@ def test_tag_rewrites_on_three_runs_that_cancel_in_one_weighting_are_detected(se
     )
 
 
-def test_latest_times_that_cancel_modulo_the_prime_are_detected(server, tmp_path):
+def test_latest_times_that_cancel_modulo_the_prime_are_imported_by_the_full_check(server, tmp_path):
     """One finished run re-logs its last step 1.5e9 ms later (crossing a multiple of the
     prime), another P - 1.5e9 ms later: the sums of timestamps mod P are unchanged."""
     a, b = uuid.uuid4().hex, uuid.uuid4().hex
@@ -148,3 +164,30 @@ def test_a_tag_with_a_nul_character_leaves_the_proof_working(server, tmp_path):
             assert reader.signatures_computed == 0
         finally:
             reader.close()
+
+
+def test_the_full_check_runs_once_a_day(server, tmp_path):
+    """A re-import within ``FULL_CHECK_HOURS`` of the last full check leaves its record as it
+    is (the proof ran); one after it, or with the record in the future, runs it again."""
+    store, db = _store_with_runs(server, tmp_path, [])
+
+    def recorded():
+        with open_warehouse(db, read_only=True) as wh:
+            return wh.con.execute(
+                "SELECT value FROM audit_meta WHERE key LIKE 'mlflow_full_check:%'"
+            ).fetchall()
+
+    first = recorded()
+    assert len(first) == 1
+    with open_warehouse(db) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    assert recorded() == first
+    _age_full_check(db, FULL_CHECK_HOURS + 1)
+    with open_warehouse(db) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    assert recorded()[0][0] > first[0][0]
+    _age_full_check(db, -48)  # a clock set back: the record lies in the future
+    future = recorded()
+    with open_warehouse(db) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    assert recorded()[0][0] < future[0][0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -134,7 +134,8 @@ def import_mlflow(
         if experiment_ids:
             experiments = experiments.filter(pl.col("experiment_id").is_in(experiment_ids))
         known = known_runs(wh, source_id)
-        runs = reader.runs(experiment_ids, known)
+        full_check = full_check_due(wh, source_id, started_at)
+        runs = reader.runs(experiment_ids, None if full_check else known)
         known = known.signatures.select("run_id", "signature")
         changed = runs.join(known, on=["run_id", "signature"], how="anti")
         summary.runs_seen = runs.height
@@ -148,6 +149,10 @@ def import_mlflow(
         model_versions = reader.model_versions()
         with wh.transaction() as con:
             upsert_source(con, source_id, reader.kind, reader.location, started_at)
+            if full_check:
+                key = FULL_CHECK_KEY.format(source_id=source_id)
+                con.execute("DELETE FROM audit_meta WHERE key = ?", [key])
+                con.execute("INSERT INTO audit_meta VALUES (?, ?)", [key, started_at.isoformat()])
             replace_experiments(con, source_id, experiments, reader.location)
             if replaced_ids:
                 _delete_runs(con, source_id, replaced_ids)
@@ -191,6 +196,26 @@ def _delete_runs(con, source_id: str, run_ids: list[str]) -> None:
             )
     finally:
         con.unregister("replaced_ids")
+
+
+# At least this often a re-import computes every run's signature in the store instead of
+# proving most runs unchanged by whole-table totals: a change the totals cannot see
+# (edits on several runs that cancel in every total) is imported by the next full check.
+FULL_CHECK_HOURS = 24
+FULL_CHECK_KEY = "mlflow_full_check:{source_id}"  # audit_meta: when it last ran (UTC)
+
+
+def full_check_due(wh: Warehouse, source_id: str, now: datetime) -> bool:
+    """Whether this import of the source computes every signature: never done, done more
+    than ``FULL_CHECK_HOURS`` ago, or recorded in the future (a clock set back)."""
+    rows = wh.con.execute(
+        "SELECT value FROM audit_meta WHERE key = ?", [FULL_CHECK_KEY.format(source_id=source_id)]
+    ).fetchall()
+    try:
+        last = datetime.fromisoformat(rows[0][0]) if rows else None
+    except ValueError:
+        last = None
+    return last is None or last > now or now - last >= timedelta(hours=FULL_CHECK_HOURS)
 
 
 def known_runs(wh: Warehouse, source_id: str) -> KnownRuns:
