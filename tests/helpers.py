@@ -169,6 +169,19 @@ def log_train_dataset(client, run_id: str, name: str, digest: str, source: str) 
     client.log_inputs(run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", "train")])])
 
 
+def copy_store_run(con, run: str, new: str, tables: tuple[str, ...]) -> None:
+    """Every row of ``run`` in ``tables`` of a raw MLflow SQLite store, again under run id
+    ``new`` (rows already there are left as they are)."""
+    for table in tables:
+        columns = [c for (_, c, *_) in con.execute(f"PRAGMA table_info({table})")]
+        picked = ", ".join("?" if c == "run_uuid" else c for c in columns)
+        con.execute(
+            f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) "
+            f"SELECT {picked} FROM {table} WHERE run_uuid = ?",
+            [new, run],
+        )
+
+
 def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
     """Table contents keyed by run name instead of store-specific ids, for comparisons."""
     con = duckdb.connect(str(db), read_only=True)

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from audit.importers.mlflow import import_mlflow, known_runs, open_reader
 from audit.importers.run_store import stable_hash
 from audit.warehouse import open_warehouse
-from tests.helpers import property_examples
+from tests.helpers import copy_store_run, property_examples
 
 
 @pytest.fixture
@@ -173,15 +173,7 @@ def _write(con: sqlite3.Connection, write: tuple) -> None:
         for table in ("latest_metrics", "metrics", "params", "tags", "runs"):
             con.execute(f"DELETE FROM {table} WHERE run_uuid = ?", [run])
     elif kind == "copy run":
-        new = args[0].hex
-        for table in ("runs", "tags", "params", "latest_metrics"):
-            columns = [c for (_, c, *_) in con.execute(f"PRAGMA table_info({table})")]
-            picked = ", ".join("?" if c == "run_uuid" else c for c in columns)
-            con.execute(
-                f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) "
-                f"SELECT {picked} FROM {table} WHERE run_uuid = ?",
-                [new, run],
-            )
+        copy_store_run(con, run, args[0].hex, ("runs", "tags", "params", "latest_metrics"))
 
 
 @settings(

@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 
 from audit.importers.mlflow import FULL_CHECK_HOURS, import_mlflow
 from audit.warehouse import open_warehouse
+from tests.helpers import copy_store_run
 
 _PRIME = 2_147_483_647
 
@@ -31,14 +32,7 @@ def _store_with_runs(server, tmp_path, new_ids: list[str]):
             "ORDER BY run_uuid"
         ).fetchone()[0]
         for new in new_ids:
-            for table in ("runs", "tags", "params", "latest_metrics", "metrics"):
-                columns = [c for (_, c, *_) in con.execute(f"PRAGMA table_info({table})")]
-                picked = ", ".join("?" if c == "run_uuid" else c for c in columns)
-                con.execute(
-                    f"INSERT INTO {table} ({', '.join(columns)}) "
-                    f"SELECT {picked} FROM {table} WHERE run_uuid = ?",
-                    [new, run],
-                )
+            copy_store_run(con, run, new, ("runs", "tags", "params", "latest_metrics", "metrics"))
         con.commit()
     finally:
         con.close()
