@@ -187,13 +187,15 @@ class UsageIndex:
         ]
         usage = self._usage_of(chosen)
         out = []
-        unjudged: dict[str, list[tuple[Allocation, Usage]]] = {}
+        unjudged: dict[str, list[tuple[Allocation, Usage, str]]] = {}
         for alloc in chosen:
             use = usage[alloc.key]
             if use.status == "ok":
                 out.append((alloc, use))
             else:
-                unjudged.setdefault(use.reason or use.why, []).append((alloc, use))
+                unjudged.setdefault(use.reason or use.why, []).append(
+                    (alloc, use, f"{alloc.label}: {use.why}")
+                )
         notes.extend(unjudged_notes(unjudged))
         return out
 
@@ -311,19 +313,20 @@ NOTE_SUBJECTS = 10  # up to this many allocations with one reason get a note eac
 NOTE_EXAMPLES = 5  # a note for more names this many of them
 
 
-def unjudged_notes(unjudged: dict[str, list[tuple[Allocation, Usage]]]) -> list[str]:
-    """One note per allocation that could not be judged, or, for a reason shared by more
-    than ``NOTE_SUBJECTS`` of them, one note with their count and the first few: a note
-    per job for 90,000 jobs without telemetry is read by nobody and was most of a scan's
-    stored size (56 MB at 100,000 jobs)."""
+def unjudged_notes(unjudged: dict[str, list[tuple[Allocation, Usage, str]]]) -> list[str]:
+    """Notes on the allocations a rule could not judge, given by reason as (allocation,
+    usage, its own note): each its own note, or, for a reason shared by more than
+    ``NOTE_SUBJECTS`` of them, one note with their count and the first few. A note per job
+    for 90,000 jobs without telemetry is read by nobody and was most of a scan's stored
+    size (56 MB at 100,000 jobs)."""
     notes = []
     for reason, group in unjudged.items():
         if len(group) <= NOTE_SUBJECTS:
-            notes.extend(f"{alloc.label}: {use.why}" for alloc, use in group)
+            notes.extend(note for _, _, note in group)
             continue
         examples = ", ".join(
             f"{alloc.label} ({_hosts_named(use.hosts)})" if use.hosts else alloc.label
-            for alloc, use in group[:NOTE_EXAMPLES]
+            for alloc, use, _ in group[:NOTE_EXAMPLES]
         )
         notes.append(
             f"{_allocations_counted(group)}: {reason}; for example {examples} "
@@ -337,8 +340,8 @@ def _hosts_named(hosts: list[str], shown: int = 3) -> str:
     return ", ".join(hosts[:shown]) + more
 
 
-def _allocations_counted(group: list[tuple[Allocation, Usage]]) -> str:
-    jobs = sum(1 for alloc, _ in group if alloc.kind == "job")
+def _allocations_counted(group: list[tuple[Allocation, Usage, str]]) -> str:
+    jobs = sum(1 for alloc, _, _ in group if alloc.kind == "job")
     runs = len(group) - jobs
     parts = [
         f"{n:,} {kind}{'' if n == 1 else 's'}" for n, kind in ((jobs, "job"), (runs, "run")) if n

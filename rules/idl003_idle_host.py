@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
-from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
+from audit.warehouse.intervals import allocation_hours, host_instants, materialised, sample_hour
 
 
 class IdleHost(Rule):
@@ -51,14 +51,11 @@ class IdleHost(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        condition, params = ctx.window.condition("s.ts")
+        condition, params = ctx.window.condition("ts")
         with materialised(ctx.con, "audit_allocation_hours", allocation_hours()):
             spans = ctx.rows(
                 f"""
-                WITH instants AS (
-                    SELECT s.host, s.ts, count(DISTINCT s.gpu) AS gpus, any_value(s.model) AS model
-                    FROM gpu_samples s WHERE {condition} GROUP BY s.host, s.ts
-                ),
+                WITH instants AS (SELECT * FROM {host_instants(condition)}),
                 covered AS (
                     SELECT DISTINCT i.host, i.ts
                     FROM instants i JOIN audit_allocation_hours a

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.queue import by_team_and_partition, sweeps_holding, waits
+from audit.queue import RunningJobs, by_team_and_partition, sweeps_holding, waits
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 
@@ -67,7 +67,7 @@ class QueueWait(Rule):
         found = waits(ctx.facts, ctx.window)
         if not found:
             return
-        facts = ctx.facts
+        running = RunningJobs(ctx.facts)
         rows = by_team_and_partition(found)
         threshold = ctx.thresholds["team_gpu_hours_waited"]
         long_wait = ctx.thresholds["long_wait_hours"]
@@ -77,7 +77,7 @@ class QueueWait(Rule):
             for wait in sorted(mine, key=lambda w: -w.hours):
                 if wait.hours < long_wait:
                     break
-                sweeps = sweeps_holding(wait, facts, int(ctx.thresholds["sweep_jobs"]))
+                sweeps = sweeps_holding(wait, running, int(ctx.thresholds["sweep_jobs"]))
                 if sweeps:
                     blocked.append(
                         {

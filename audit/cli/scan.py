@@ -140,6 +140,9 @@ def safe_lines(lines: list[str]) -> list[str]:
     return [safe(line) for line in lines]
 
 
+MARKDOWN_NOTES = 20  # notes listed in --format md; all of them are in --format json
+
+
 def render_markdown(result, summary, top: int = 20) -> str:
     waste, spend = summary["waste"], summary["spend"]
     out = [
@@ -160,12 +163,43 @@ def render_markdown(result, summary, top: int = 20) -> str:
         f"| {f['family']} {f['label']} | {f['findings']} | {f['gpu_hours']:,.1f} | {f['usd']:,.2f} | {f['bytes'] / 1e9:,.1f} |"
         for f in summary["families"]
     ]
-    out += ["", "| severity | rule | subject | waste | finding |", "|---|---|---|--:|---|"]
-    for f in result.active[:top]:
+    if waste["unknown_cost"]:
+        out += [
+            "",
+            f"Unknown cost: {waste['unknown_cost']} findings have no GPU count in any source "
+            "and are not in the figures above.",
+        ]
+    active = result.active
+    if active:
+        out += [
+            "",
+            f"Top {min(top, len(active))} of {len(active)} findings:",
+            "",
+            "| severity | rule | subject | waste | finding |",
+            "|---|---|---|--:|---|",
+        ]
+    for f in active[:top]:
         cost = "unknown" if f.usd is None else f"${f.usd:,.2f}"
         out.append(
             f"| {f.severity.label} | {f.rule} | {markdown_text(subject_label(f.subject))} | {cost} | {markdown_text(f.message)} |"
         )
+    not_run = [r for r in result.results if r.status != "ok"]
+    if not_run:
+        out += ["", "Rules not run:", ""]
+        out += [f"- {r.rule} {r.status}: {markdown_text(r.reason)}" for r in not_run]
+    notes = [(r.rule, note) for r in result.results for note in r.notes]
+    if notes:
+        # A pull-request comment stays readable: the first few, the rest in --format json.
+        out += [
+            "",
+            f"<details><summary>{len(notes)} note{'' if len(notes) == 1 else 's'} on subjects "
+            "that could not be judged</summary>",
+            "",
+        ]
+        out += [f"- {rule}: {markdown_text(note)}" for rule, note in notes[:MARKDOWN_NOTES]]
+        if len(notes) > MARKDOWN_NOTES:
+            out.append(f"- and {len(notes) - MARKDOWN_NOTES} more (see --format json)")
+        out += ["", "</details>"]
     return "\n".join(out) + "\n"
 
 

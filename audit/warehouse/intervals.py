@@ -25,6 +25,43 @@ def sample_hour(ts: str) -> str:
     return HOUR.format(ts=ts)
 
 
+# A GPU labelled by its index, as nvidia-smi, DCGM and W&B label them: the index's own
+# canonical text, so that "0" and "00" stay two labels as they are two distinct values.
+_INDEX_LABEL = (
+    "CASE WHEN length(gpu) <= 2 AND CAST(TRY_CAST(gpu AS UTINYINT) AS VARCHAR) = gpu"
+    " AND TRY_CAST(gpu AS UTINYINT) < 64 THEN TRY_CAST(gpu AS UTINYINT) END"
+)
+
+
+def host_instants(where: str = "TRUE") -> str:
+    """Subquery: host, ts, gpus (distinct GPU labels reporting), model, for each instant
+    at which a host sent telemetry.
+
+    ``count(DISTINCT gpu)`` per (host, ts) is the plain form and costs 4.6 s at 10 M
+    samples (hashing labels within 1.3 M groups); ``count(*)`` is not a substitute, since
+    two W&B runs sharing a node log the same GPU at the same second. Index labels (0-63,
+    nearly every sample) are counted as the bits set in the OR of ``1 << index`` (0.6 s),
+    and only the other labels (UUIDs, bus ids) by ``count(DISTINCT)``. The two label
+    sets are disjoint, so their counts add up to ``count(DISTINCT gpu)`` exactly.
+    ``where`` is SQL of the caller (a window condition on ``ts`` with ``?`` parameters).
+    """
+    return f"""(
+        WITH labelled AS (
+            SELECT host, ts, gpu, model, {_INDEX_LABEL} AS idx FROM gpu_samples WHERE {where}
+        ),
+        counted AS (
+            SELECT host, ts, bit_count(bit_or(CAST(1 AS UBIGINT) << idx)) AS gpus,
+                   any_value(model) AS model
+            FROM labelled WHERE idx IS NOT NULL GROUP BY host, ts
+            UNION ALL
+            SELECT host, ts, count(DISTINCT gpu) AS gpus, any_value(model) AS model
+            FROM labelled WHERE idx IS NULL GROUP BY host, ts
+        )
+        SELECT host, ts, CAST(sum(gpus) AS BIGINT) AS gpus, any_value(model) AS model
+        FROM counted GROUP BY host, ts
+    )"""
+
+
 def _hours(spans: str, columns: str) -> str:
     """Each span (``columns``, host, lo, hi, first_hour, last_moment) once per hour it
     covers: expanded when short, joined to the host's sample hours when long."""
