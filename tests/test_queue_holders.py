@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.config import load_config
@@ -69,7 +69,7 @@ job_spec = st.tuples(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     specs=st.lists(job_spec, min_size=1, max_size=30),
     waited=st.lists(st.integers(0, 40), min_size=1, max_size=30),
