@@ -82,7 +82,10 @@ def _cluster_status(wh: Warehouse) -> dict:
         "strftime(min(start_time), '%Y-%m-%d %H:%M'), strftime(max(end_time), '%Y-%m-%d %H:%M') FROM jobs"
     ).fetchall()[0]
     samples = wh.con.execute(
-        "SELECT count(*), count(DISTINCT host), count(DISTINCT host || '/' || gpu), "
+        # (host, gpu) pairs as a grouping, not as text joined by '/': no hashing of 10 M new
+        # strings, and host 'a/b' with GPU 'c' is not host 'a' with GPU 'b/c'
+        "SELECT count(*), count(DISTINCT host), "
+        "(SELECT count(*) FROM (SELECT DISTINCT host, gpu FROM gpu_samples)), "
         "strftime(min(ts), '%Y-%m-%d %H:%M'), strftime(max(ts), '%Y-%m-%d %H:%M') FROM gpu_samples"
     ).fetchall()[0]
     with materialised(wh.con, "audit_allocation_hours", allocation_hours()):

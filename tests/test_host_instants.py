@@ -1,4 +1,4 @@
-"""GPUs reporting per host instant: the fast form counts exactly what count(DISTINCT) counts."""
+"""GPUs reporting per host instant and per host: the fast forms count exactly what the plain ones mean."""
 
 from __future__ import annotations
 
@@ -94,3 +94,15 @@ def test_model_is_one_the_instant_reported(warehouse):
     )
     rows = con.execute(f"SELECT gpus, model FROM {host_instants()}").fetchall()
     assert rows == [(3, "A100")]
+
+
+def test_status_counts_host_gpu_pairs_not_their_joined_text(warehouse):
+    """Host 'a/b' with GPU 'c' and host 'a' with GPU 'b/c' are two GPUs, not one."""
+    from audit.status import warehouse_status
+
+    warehouse.con.executemany(
+        "INSERT INTO gpu_samples (host, gpu, ts, origin) VALUES (?, ?, ?, 'nvidia-smi')",
+        [("a/b", "c", T0), ("a", "b/c", T0), ("a", "b/c", T0 + timedelta(minutes=1))],
+    )
+    cluster = warehouse_status(warehouse)["cluster"]
+    assert (cluster["samples"], cluster["hosts"], cluster["gpus"]) == (3, 2, 2)
