@@ -1,6 +1,13 @@
 from __future__ import annotations
 
 import os
+
+# MLflow's usage telemetry (on by default since 3.x) would try the network from every test
+# process and mlflow server, and its thread sets and unsets _MLFLOW_TELEMETRY_SESSION_ID in
+# os.environ while a request iterates os.environ for proxies (a KeyError seen in CI). Set
+# before anything imports mlflow; server subprocesses inherit it.
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+
 import subprocess
 import sys
 from pathlib import Path
