@@ -110,10 +110,9 @@ class RunningJobs:
         ]
         out: dict[str, list[JobFacts]] = defaultdict(list)
         for _, job in sorted(candidates, key=lambda item: item[0]):
-            if (
-                job.key == wait.job.key
-                or (job.team or "unknown") == wait.team
-                or (job.end_time is not None and job.end_time <= wait.since)
+            # the waiting job itself started at its own start, so it is not a candidate
+            if (job.team or "unknown") == wait.team or (
+                job.end_time is not None and job.end_time <= wait.since
             ):
                 continue
             out[job.team or "unknown"].append(job)

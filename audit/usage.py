@@ -177,7 +177,7 @@ class UsageIndex:
         self, window: Window, min_hours: float, notes: list[str]
     ) -> list[tuple[Allocation, Usage]]:
         """(allocation, usage) for every allocation started in the window that ran at least
-        ``min_hours`` and has usage data; the others become notes (``unjudged_notes``)."""
+        ``min_hours`` and has usage data; the others become notes (``Unjudged``)."""
         self.allocations()
         chosen = [
             a
@@ -187,16 +187,14 @@ class UsageIndex:
         ]
         usage = self._usage_of(chosen)
         out = []
-        unjudged: dict[str, list[tuple[Allocation, Usage, str]]] = {}
+        unjudged = Unjudged()
         for alloc in chosen:
             use = usage[alloc.key]
             if use.status == "ok":
                 out.append((alloc, use))
             else:
-                unjudged.setdefault(use.reason or use.why, []).append(
-                    (alloc, use, f"{alloc.label}: {use.why}")
-                )
-        notes.extend(unjudged_notes(unjudged))
+                unjudged.add(use.reason or use.why, alloc, use, f"{alloc.label}: {use.why}")
+        notes.extend(unjudged.notes())
         return out
 
     # -- building ------------------------------------------------------------------------
@@ -313,26 +311,36 @@ NOTE_SUBJECTS = 10  # up to this many allocations with one reason get a note eac
 NOTE_EXAMPLES = 5  # a note for more names this many of them
 
 
-def unjudged_notes(unjudged: dict[str, list[tuple[Allocation, Usage, str]]]) -> list[str]:
-    """Notes on the allocations a rule could not judge, given by reason as (allocation,
-    usage, its own note): each its own note, or, for a reason shared by more than
-    ``NOTE_SUBJECTS`` of them, one note with their count and the first few. A note per job
-    for 90,000 jobs without telemetry is read by nobody and was most of a scan's stored
-    size (56 MB at 100,000 jobs)."""
-    notes = []
-    for reason, group in unjudged.items():
-        if len(group) <= NOTE_SUBJECTS:
-            notes.extend(note for _, _, note in group)
-            continue
-        examples = ", ".join(
-            f"{alloc.label} ({_hosts_named(use.hosts)})" if use.hosts else alloc.label
-            for alloc, use, _ in group[:NOTE_EXAMPLES]
-        )
-        notes.append(
-            f"{_allocations_counted(group)}: {reason}; for example {examples} "
-            f"and {len(group) - NOTE_EXAMPLES:,} more"
-        )
-    return notes
+class Unjudged:
+    """The allocations a rule could not judge, by reason, each with its own note.
+
+    ``notes()`` gives each its note, or, for a reason shared by more than
+    ``NOTE_SUBJECTS`` allocations, one note with their count and the first few: a note per
+    job for 90,000 jobs without telemetry is read by nobody and was most of a scan's
+    stored size (56 MB at 100,000 jobs).
+    """
+
+    def __init__(self) -> None:
+        self._by_reason: dict[str, list[tuple[Allocation, Usage, str]]] = {}
+
+    def add(self, reason: str, alloc: Allocation, use: Usage, note: str) -> None:
+        self._by_reason.setdefault(reason, []).append((alloc, use, note))
+
+    def notes(self) -> list[str]:
+        notes = []
+        for reason, group in self._by_reason.items():
+            if len(group) <= NOTE_SUBJECTS:
+                notes.extend(note for _, _, note in group)
+                continue
+            examples = ", ".join(
+                f"{alloc.label} ({_hosts_named(use.hosts)})" if use.hosts else alloc.label
+                for alloc, use, _ in group[:NOTE_EXAMPLES]
+            )
+            notes.append(
+                f"{_allocations_counted(group)}: {reason}; for example {examples} "
+                f"and {len(group) - NOTE_EXAMPLES:,} more"
+            )
+        return notes
 
 
 def _hosts_named(hosts: list[str], shown: int = 3) -> str:

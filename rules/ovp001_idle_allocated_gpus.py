@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
-from audit.usage import unjudged_notes
+from audit.usage import Unjudged
 
 from ._usage import evidence, judged, priced
 
@@ -56,22 +56,18 @@ class IdleAllocatedGpus(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        unjudged: dict[str, list] = {}
+        unjudged = Unjudged()
         for alloc, use in judged(ctx, t["min_job_minutes"]):
             if alloc.gpus < 2:
                 continue  # one GPU is either busy (fine) or idle (IDL002)
             if use.per_gpu is None:
-                unjudged.setdefault(
+                unjudged.add(
                     f"the {use.label} give one figure for all of their GPUs: an idle GPU "
                     "among busy ones needs per-GPU data",
-                    [],
-                ).append(
-                    (
-                        alloc,
-                        use,
-                        f"{alloc.label}: {alloc.gpus} GPUs, but the {use.label} give one "
-                        "figure for all of them: an idle GPU among busy ones needs per-GPU data",
-                    )
+                    alloc,
+                    use,
+                    f"{alloc.label}: {alloc.gpus} GPUs, but the {use.label} give one "
+                    "figure for all of them: an idle GPU among busy ones needs per-GPU data",
                 )
                 continue
             busy = use.busy(t["busy_util_pct"])
@@ -98,4 +94,4 @@ class IdleAllocatedGpus(Rule):
                 method=alloc.method,
                 happened_at=alloc.start,
             )
-        ctx.notes.extend(unjudged_notes(unjudged))
+        ctx.notes.extend(unjudged.notes())

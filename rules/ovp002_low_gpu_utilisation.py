@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
-from audit.usage import unjudged_notes
+from audit.usage import Unjudged
 
 from ._usage import evidence, judged, priced
 
@@ -58,7 +58,7 @@ class LowGpuUtilisation(Rule):
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
         limit, idle = t["max_mean_util_pct"], t["idle_util_pct"]
-        unjudged: dict[str, list] = {}
+        unjudged = Unjudged()
         for alloc, use in judged(ctx, t["min_job_minutes"]):
             hours = alloc.hours
             if use.per_gpu is not None:
@@ -70,18 +70,14 @@ class LowGpuUtilisation(Rule):
                 if use.util_ceiling <= idle:
                     continue  # never above idle: an abandoned allocation (IDL002)
                 if use.util_ceiling > limit:
-                    unjudged.setdefault(
+                    unjudged.add(
                         f"the {use.label} show a peak above {limit:g} %; whether the mean was "
                         f"≤ {limit:g} % needs time-averaged data (telemetry or jobstats)",
-                        [],
-                    ).append(
-                        (
-                            alloc,
-                            use,
-                            f"{alloc.label}: the {use.label} show up to {use.util_ceiling:g} %; "
-                            f"whether the mean was ≤ {limit:g} % needs time-averaged data "
-                            "(telemetry or jobstats)",
-                        )
+                        alloc,
+                        use,
+                        f"{alloc.label}: the {use.label} show up to {use.util_ceiling:g} %; "
+                        f"whether the mean was ≤ {limit:g} % needs time-averaged data "
+                        "(telemetry or jobstats)",
                     )
                     continue
                 util, how = use.util_ceiling, f"never exceeded {use.util_ceiling:.1f} %"
@@ -107,4 +103,4 @@ class LowGpuUtilisation(Rule):
                 method=alloc.method,
                 happened_at=alloc.start,
             )
-        ctx.notes.extend(unjudged_notes(unjudged))
+        ctx.notes.extend(unjudged.notes())
