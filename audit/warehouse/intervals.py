@@ -43,10 +43,13 @@ def host_instants(where: str = "TRUE") -> str:
     nearly every sample) are counted as the bits set in the OR of ``1 << index`` (0.6 s),
     and only the other labels (UUIDs, bus ids) by ``count(DISTINCT)``. The two label
     sets are disjoint, so their counts add up to ``count(DISTINCT gpu)`` exactly.
+    ``labelled`` is read by both branches: NOT MATERIALIZED has each scan the samples
+    instead of DuckDB storing every sample's labels once for both (140 MB more at 10 M
+    samples for 0.1 s less).
     ``where`` is SQL of the caller (a window condition on ``ts`` with ``?`` parameters).
     """
     return f"""(
-        WITH labelled AS (
+        WITH labelled AS NOT MATERIALIZED (
             SELECT host, ts, gpu, model, {_INDEX_LABEL} AS idx FROM gpu_samples WHERE {where}
         ),
         counted AS (
