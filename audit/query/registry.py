@@ -53,7 +53,8 @@ EXPORT_SLICE_ROWS = 1_000_000
 def export_slices(sizes: list[tuple[object, int]], limit: int) -> list[list[object]]:
     """Partition values (with their row counts, in order) cut into consecutive slices of
     at most ``limit`` rows, a partition larger than that alone in its slice. Each value is in
-    exactly one slice, so the COPYs of a table write disjoint partition folders."""
+    exactly one slice, so the COPYs of a table write disjoint partition folders (and
+    IDL003's queries read disjoint groups of hosts)."""
     slices: list[list[object]] = []
     rows = 0
     for value, count in sizes:
