@@ -3,7 +3,8 @@
 A rule is a small class in ``rules/`` (shipped as ``audit.rules``) or in a plug-in
 (entry-point group ``audit.rules``): ``code`` (family prefix + number), kebab-case ``name``,
 default ``severity``, the ``family_label`` of its family, documented ``thresholds``, the
-tables it ``needs``, and a docstring that is its user documentation. ``check(ctx)`` reads
+tables it ``needs``, the shared computations it ``reads_shared``, and a docstring that is
+its user documentation. ``check(ctx)`` reads
 the warehouse through the context and yields findings; it never writes. An exception
 inside a rule becomes an ``error`` result and the scan goes on; missing inputs become
 ``skipped`` with the reason; a subject the rule cannot judge becomes a note.
@@ -258,6 +259,11 @@ class Rule:
     family_label: ClassVar[str]  # e.g. "idle capacity": the family's row in summaries
     thresholds: ClassVar[dict[str, Threshold]] = {}
     needs: ClassVar[dict[str, str]] = {}  # table -> what is missing when it is empty
+    # The computations shared between rules that ``check`` reads, itself or through a
+    # helper: the names ``RuleContext.once`` keys start with ("facts", "usage", "recipes").
+    # ``audit scan`` drops each one after its last reader, to bound memory; a name left out
+    # makes a later reader compute it again (time), never gives another result.
+    reads_shared: ClassVar[frozenset[str]] = frozenset()
     recommendation: ClassVar[str] = ""
 
     def check(self, ctx: RuleContext) -> Iterable[Finding]:

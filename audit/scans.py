@@ -15,6 +15,7 @@ import polars as pl
 from audit.config import Config
 from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
 from audit.rule_registry import all_rules, effective_thresholds
+from audit.warehouse.allocator import return_freed_memory
 from audit.windows import Window
 
 
@@ -64,12 +65,27 @@ class ScanResult:
 
 
 def run_rules(
-    con, config: Config, rules: list[type[Rule]], window: Window, shared: dict | None = None
+    con,
+    config: Config,
+    rules: list[type[Rule]],
+    window: Window,
+    shared: dict | None = None,
+    keep: frozenset[str] | None = None,
 ) -> list[RuleResult]:
-    """Every rule over the window; ``shared`` carries facts computed once (cost, usage)."""
+    """Every rule over the window; ``shared`` carries facts computed once (cost, usage).
+
+    With ``keep`` (the shared names the caller reads afterwards), each shared computation
+    is dropped after the last rule that reads it: a scan then holds at most the facts its
+    remaining rules need. Without it, everything stays for the caller's next scan (a
+    report scans several weeks with the same facts).
+    """
     results = []
     shared = {} if shared is None else shared
-    for rule_class in rules:
+    for index, rule_class in enumerate(rules):
+        if index:
+            if keep is not None:
+                _drop_unread(shared, rules[index:], keep)
+            return_freed_memory()
         started = time.monotonic()
         thresholds = effective_thresholds(rule_class, config)
         ctx = RuleContext(
@@ -93,7 +109,18 @@ def run_rules(
             )
         result.seconds = time.monotonic() - started
         results.append(result)
+    if keep is not None:
+        _drop_unread(shared, [], keep)
+    return_freed_memory()
     return results
+
+
+def _drop_unread(shared: dict, later: list[type[Rule]], keep: frozenset[str]) -> None:
+    """Drop the shared computations no rule of ``later`` reads and the caller does not keep
+    (keys are tuples that start with the computation's name)."""
+    read = keep.union(*(rule.reads_shared for rule in later))
+    for key in [key for key in shared if key[0] not in read]:
+        del shared[key]
 
 
 def _has_rows(con, table: str) -> bool:
@@ -137,10 +164,12 @@ def scan(
     rules: list[type[Rule]],
     window: Window,
     shared: dict | None = None,
+    keep: frozenset[str] | None = None,
 ) -> ScanResult:
-    """Run the rules and store the scan with its findings and per-rule results."""
+    """Run the rules and store the scan with its findings and per-rule results (``keep``:
+    see ``run_rules``)."""
     started_at = datetime.now(UTC).replace(tzinfo=None)
-    results = run_rules(wh.con, config, rules, window, shared)
+    results = run_rules(wh.con, config, rules, window, shared, keep)
     apply_suppressions(wh.con, config, results)
     with wh.transaction() as con:
         scan_id = con.execute("SELECT coalesce(max(scan_id), 0) + 1 FROM scans").fetchall()[0][0]

@@ -39,6 +39,7 @@ class CheckpointsBeyondRetention(Rule):
     name = "checkpoints-beyond-retention"
     severity = Severity.MEDIUM
     family_label = "redundant checkpoints"
+    reads_shared = frozenset({"checkpoint_rows", "facts"})
     needs = {"checkpoints": "no checkpoint folders imported"}
     thresholds = {
         "keep_milestones": Threshold(

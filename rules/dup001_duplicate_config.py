@@ -56,6 +56,7 @@ class DuplicateConfig(Rule):
     name = "duplicate-config"
     severity = Severity.MEDIUM
     family_label = "duplicate experiments"
+    reads_shared = frozenset({"DUP001 repeats", "facts"})
     needs = {"runs": "no runs imported", "params": "no run params imported"}
     thresholds = {
         "min_gpu_hours": Threshold(

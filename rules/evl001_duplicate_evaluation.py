@@ -42,6 +42,7 @@ class DuplicateEvaluation(Rule):
     name = "duplicate-evaluation"
     severity = Severity.MEDIUM
     family_label = "evaluation cost"
+    reads_shared = frozenset({"facts"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     recommendation = "Cache evaluation results by checkpoint and suite, and look them up before evaluating again."
 

@@ -39,6 +39,7 @@ class NarrowEvaluation(Rule):
     name = "narrow-evaluation"
     severity = Severity.LOW
     family_label = "evaluation cost"
+    reads_shared = frozenset({"facts", "general values"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "min_general_benchmarks": Threshold(

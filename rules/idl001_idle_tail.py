@@ -39,6 +39,7 @@ class IdleTail(Rule):
     name = "idle-tail"
     severity = Severity.HIGH
     family_label = "idle capacity"
+    reads_shared = frozenset({"facts"})
     needs = {
         "jobs": "no Slurm jobs imported",
         "run_jobs": "no run is linked to a Slurm job",

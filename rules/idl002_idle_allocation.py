@@ -38,6 +38,7 @@ class IdleAllocation(Rule):
     name = "idle-allocation"
     severity = Severity.HIGH
     family_label = "idle capacity"
+    reads_shared = frozenset({"facts", "usage"})
     thresholds = {
         "max_util_pct": Threshold(1.0, "all GPUs at or below this utilisation", 0, 100, "%"),
         "min_job_minutes": Threshold(

@@ -44,6 +44,7 @@ class DominatedRun(Rule):
     name = "dominated-run"
     severity = Severity.INFO
     family_label = "method matrix"
+    reads_shared = frozenset({"facts", "recipes"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "cost_ratio": Threshold(

@@ -42,6 +42,7 @@ class IdleAllocatedGpus(Rule):
     name = "idle-allocated-gpus"
     severity = Severity.HIGH
     family_label = "over-provisioning"
+    reads_shared = frozenset({"facts", "usage"})
     thresholds = {
         "busy_util_pct": Threshold(
             5.0, "a GPU whose mean utilisation is above this is in use", 0, 100, "%"

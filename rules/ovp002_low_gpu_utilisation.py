@@ -42,6 +42,7 @@ class LowGpuUtilisation(Rule):
     name = "low-gpu-utilisation"
     severity = Severity.MEDIUM
     family_label = "over-provisioning"
+    reads_shared = frozenset({"facts", "usage"})
     thresholds = {
         "max_mean_util_pct": Threshold(
             25.0, "flag jobs at or below this mean utilisation (JDS: 25 %)", 0, 100, "%"

@@ -41,6 +41,7 @@ class GpuTooLarge(Rule):
     name = "gpu-too-large"
     severity = Severity.INFO
     family_label = "over-provisioning"
+    reads_shared = frozenset({"facts", "usage"})
     thresholds = {
         "max_memory_pct": Threshold(
             25.0, "peak memory below this share of capacity (when known)", 0, 100, "%"

@@ -34,6 +34,7 @@ class TimeLimitOverrequest(Rule):
     name = "time-limit-overrequest"
     severity = Severity.LOW
     family_label = "over-provisioning"
+    reads_shared = frozenset({"facts"})
     needs = {"jobs": "no Slurm jobs imported"}
     thresholds = {
         "ratio": Threshold(4.0, "flag when limit ≥ ratio × elapsed", 1, unit="×"),

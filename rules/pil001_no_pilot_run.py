@@ -46,6 +46,17 @@ class NoPilotRun(Rule):
     name = "no-pilot-run"
     severity = Severity.HIGH
     family_label = "missing pilots"
+    reads_shared = frozenset(
+        {
+            "PIL001 families",
+            "facts",
+            "recipes",
+            "regressed-runs",
+            "stability-points",
+            "stability-series",
+            "unstable-runs",
+        }
+    )
     needs = {"runs": "no runs imported"}
     thresholds = {
         "large_gpus": Threshold(

@@ -41,6 +41,7 @@ class QueueWait(Rule):
     name = "queue-wait"
     severity = Severity.INFO
     family_label = "queue wait (management cost)"
+    reads_shared = frozenset({"facts"})
     needs = {"jobs": "no Slurm jobs imported"}
     thresholds = {
         "team_gpu_hours_waited": Threshold(

@@ -64,6 +64,7 @@ class RedLineDrop(Rule):
     name = "red-line-drop"
     severity = Severity.CRITICAL
     family_label = "red-line metrics"
+    reads_shared = frozenset({"RED001 unheld", "facts", "recipes"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     recommendation = (
         "Stop the run, mix safety data in and gate every evaluation on the red lines (audit gate)."

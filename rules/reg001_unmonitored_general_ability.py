@@ -51,6 +51,7 @@ class UnmonitoredGeneralAbility(Rule):
     name = "unmonitored-general-ability"
     severity = Severity.MEDIUM
     family_label = "unmonitored regression"
+    reads_shared = frozenset({"facts", "general values", "learning-rate runs"})
     needs = {"runs": "no runs imported"}
     thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
     recommendation = (

@@ -43,6 +43,7 @@ class GeneralRegression(Rule):
     name = "general-regression"
     severity = Severity.HIGH
     family_label = "unmonitored regression"
+    reads_shared = frozenset({"facts", "general values", "recipes"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {"tolerance": Threshold(0.02, "allowed absolute drop below the baseline", 0, 1)}
     recommendation = "Gate training on general benchmarks (audit gate) and lower the learning rate or mix in general data."

@@ -35,6 +35,7 @@ class DatasetSilo(Rule):
     name = "dataset-silo"
     severity = Severity.MEDIUM
     family_label = "data silos"
+    reads_shared = frozenset({"facts"})
     needs = {"dataset_inputs": "no dataset inputs imported"}
     thresholds = {}
     recommendation = "Register the dataset once and share one name and version across teams."

@@ -42,6 +42,7 @@ class SamplingSourceNotRecorded(Rule):
     name = "sampling-source-not-recorded"
     severity = Severity.LOW
     family_label = "attribution gaps"
+    reads_shared = frozenset({"facts", "learning-rate runs", "recipes"})
     needs = {"runs": "no runs imported"}
     thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
     recommendation = "Log the training method (and, for distillation, the teacher model) as params."

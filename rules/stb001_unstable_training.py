@@ -65,6 +65,7 @@ class UnstableTraining(Rule):
     name = "unstable-training"
     severity = Severity.HIGH
     family_label = "unstable training"
+    reads_shared = frozenset({"facts", "stability-points", "stability-series", "unstable-runs"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "warmup_points": Threshold(

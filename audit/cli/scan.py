@@ -250,7 +250,8 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
     window = Window(since, until)
     shared: dict = {}
     with app.warehouse() as wh:
-        result = scan(wh, config, rules, window, shared)
+        # summarise reads the facts; the rules' other shared computations go when done
+        result = scan(wh, config, rules, window, shared, keep=frozenset({"facts"}))
         summary = summarise(result, wh.con, config, shared)
         if fmt == "html":
             from audit.reports.render import render_html

@@ -1,0 +1,61 @@
+"""Pages a DuckDB query freed go back to the OS (``audit.warehouse.allocator``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from audit.warehouse import allocator
+from audit.warehouse.allocator import return_freed_memory
+
+# In a fresh process: a query whose hash table of 4 M distinct strings DuckDB frees when it
+# ends, the resident size after it, then after the purge (MiB).
+_PROBE = """
+import duckdb
+from audit.warehouse.allocator import return_freed_memory
+
+def rss():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 2**20
+
+con = duckdb.connect()
+before = rss()
+con.execute("SELECT count(DISTINCT 'key-' || (i * 7919 % 100000007)) FROM range(4000000) t(i)").fetchall()
+after_query = rss()
+purged = return_freed_memory()
+print(before, after_query, rss(), purged)
+"""
+
+
+def test_a_duckdb_without_jemalloc_purges_nothing_and_raises_nothing(monkeypatch):
+    """Builds without jemalloc export no ``duckdb_je_mallctl``: stand in another real
+    extension module for DuckDB's and the purge is skipped."""
+    import _ctypes
+
+    allocator._mallctl.cache_clear()
+    monkeypatch.setitem(sys.modules, "_duckdb", types.SimpleNamespace(__file__=_ctypes.__file__))
+    try:
+        assert return_freed_memory() is False
+    finally:
+        allocator._mallctl.cache_clear()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_the_pages_of_a_finished_query_leave_the_process():
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    ).stdout.split()
+    before, after_query, after_purge = map(float, out[:3])
+    if out[3] != "True":
+        pytest.skip("this DuckDB build has no jemalloc to purge")
+    held = after_query - before
+    assert held > 100, f"the query left only {held:.0f} MiB: the probe measures nothing"
+    assert after_purge - before < held / 2, (before, after_query, after_purge)
