@@ -74,6 +74,7 @@ class Recipes:
             k for k in attribution["family_keys"] if k not in ("method", "base_model", "dataset")
         ]
         keys = sorted({*attribution["dataset_keys"], *extra_keys, attribution["baseline_tag"]})
+        key_of, text = facts.key_of, facts.text
         values: dict[tuple, dict[str, str]] = {}
         for source_id, run_id, key, value, _pos in con.execute(
             """
@@ -84,7 +85,7 @@ class Recipes:
             """,
             [keys, keys],
         ).fetchall():  # tags first, then params: a param wins over a tag
-            values.setdefault((source_id, run_id), {})[key] = value
+            values.setdefault(key_of(source_id, run_id), {})[text(key)] = text(value)
         inputs: dict[tuple, list[str]] = {}
         for source_id, run_id, name in con.execute(
             """
@@ -112,7 +113,7 @@ class Recipes:
                 globs,
             ).fetchall():
                 if value is not None and math.isfinite(value):
-                    latest.setdefault((source_id, run_id), {})[key] = value
+                    latest.setdefault(key_of(source_id, run_id), {})[text(key)] = value
         return cls(config, facts, datasets, values, latest)
 
     def dataset(self, run: RunFacts) -> str | None:

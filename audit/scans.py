@@ -85,7 +85,7 @@ def run_rules(
         if index:
             if keep is not None:
                 _drop_unread(shared, rules[index:], keep)
-            return_freed_memory()
+            return_freed_memory(con)
         started = time.monotonic()
         thresholds = effective_thresholds(rule_class, config)
         ctx = RuleContext(
@@ -111,7 +111,7 @@ def run_rules(
         results.append(result)
     if keep is not None:
         _drop_unread(shared, [], keep)
-    return_freed_memory()
+    return_freed_memory(con)
     return results
 
 

@@ -92,10 +92,11 @@ def general_values(ctx: RuleContext) -> dict[tuple[str, str], dict[str, float]]:
     def load() -> dict[tuple[str, str], dict[str, float]]:
         condition, globs = glob_sql(ctx, "general")
         values: dict[tuple[str, str], dict[str, float]] = {}
+        key_of, text = ctx.facts.key_of, ctx.facts.text
         for source_id, run_id, key, value in ctx.con.execute(
             f"SELECT source_id, run_id, key, value FROM latest_metrics WHERE {condition}", globs
         ).fetchall():
-            values.setdefault((source_id, run_id), {})[key] = value
+            values.setdefault(key_of(source_id, run_id), {})[text(key)] = value
         return values
 
     return ctx.once(("general values", tuple(ctx.metric_globs("general"))), load)
@@ -106,11 +107,13 @@ def runs_with_learning_rate(ctx: RuleContext) -> set[tuple[str, str]]:
 
     def load() -> set[tuple[str, str]]:
         condition = " OR ".join("key GLOB ?" for _ in LEARNING_RATE_KEYS)
-        return set(
-            ctx.con.execute(
+        key_of = ctx.facts.key_of
+        return {
+            key_of(source_id, run_id)
+            for source_id, run_id in ctx.con.execute(
                 f"SELECT DISTINCT source_id, run_id FROM params WHERE {condition}",
                 list(LEARNING_RATE_KEYS),
             ).fetchall()
-        )
+        }
 
     return ctx.once(("learning-rate runs",), load)

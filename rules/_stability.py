@@ -99,8 +99,9 @@ def chosen_series(ctx: RuleContext) -> dict[tuple, dict[str, str]]:
         finally:
             ctx.con.unregister("stability_names")
         chosen: dict[tuple, dict[str, str]] = {}
+        key_of, text = ctx.facts.key_of, ctx.facts.text
         for source_id, run_id, kind, key in rows:
-            chosen.setdefault((source_id, run_id), {})[kind] = key
+            chosen.setdefault(key_of(source_id, run_id), {})[text(kind)] = text(key)
         return chosen
 
     return ctx.once(("stability-series",), load)
@@ -169,6 +170,7 @@ def series_points(ctx: RuleContext) -> dict[tuple, dict[str, list]]:
                 ),
             )
             points: dict[tuple, dict[str, list]] = {}
+            key_of, text = ctx.facts.key_of, ctx.facts.text
             for source_id, run_id, key, step, ts, value in ctx.con.execute(
                 """
                 SELECT m.source_id, m.run_id, m.key, m.step, m.ts, m.value
@@ -176,7 +178,7 @@ def series_points(ctx: RuleContext) -> dict[tuple, dict[str, list]]:
                 WHERE m.ts IS NOT NULL ORDER BY m.source_id, m.run_id, m.key, m.step, m.ts
                 """
             ).fetchall():
-                points.setdefault((source_id, run_id), {}).setdefault(key, []).append(
+                points.setdefault(key_of(source_id, run_id), {}).setdefault(text(key), []).append(
                     (step, ts, value)
                 )
         finally:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import types
 
+import duckdb
 import pytest
 
 from audit.warehouse import allocator
@@ -59,3 +60,29 @@ def test_the_pages_of_a_finished_query_leave_the_process():
     held = after_query - before
     assert held > 100, f"the query left only {held:.0f} MiB: the probe measures nothing"
     assert after_purge - before < held / 2, (before, after_query, after_purge)
+
+
+def _cached_table_mib(con) -> float:
+    (mib,) = con.execute(
+        "SELECT coalesce(sum(memory_usage_bytes), 0) / 2**20 FROM duckdb_memory() "
+        "WHERE tag = 'BASE_TABLE'"
+    ).fetchone()
+    return mib
+
+
+def test_the_table_blocks_a_query_read_leave_the_pool_and_the_limit_stays(tmp_path):
+    path = tmp_path / "blocks.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE t AS SELECT i, md5(i::VARCHAR) AS text FROM range(6000000) r(i)")
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        limit = con.execute("SELECT current_setting('memory_limit')").fetchone()
+        con.execute("SELECT count(DISTINCT text), sum(i) FROM t").fetchall()
+        cached = _cached_table_mib(con)
+        assert cached > 64, f"the query cached {cached:.1f} MiB: the test measures nothing"
+        return_freed_memory(con)
+        assert _cached_table_mib(con) < cached / 2
+        assert con.execute("SELECT current_setting('memory_limit')").fetchone() == limit
+        assert con.execute("SELECT count(*) FROM t").fetchone() == (6_000_000,)
+    finally:
+        con.close()
