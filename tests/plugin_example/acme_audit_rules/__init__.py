@@ -30,6 +30,7 @@ class FailedRunCost(Rule):
     severity = Severity.MEDIUM
     family_label = "failed runs"
     needs = {"runs": "no runs imported"}
+    reads_shared = frozenset({"facts"})  # what it reads of the computations rules share
     thresholds = {"min_hours": Threshold(1.0, "shorter failed runs are not judged", 0, unit="h")}
     recommendation = "Checkpoint often and resume failed runs instead of restarting them."
 
