@@ -559,6 +559,45 @@ def test_hostile_sqlite_store(name, reference_sqlite, seeded, tmp_path):
     assert "mlflow.db" in result[2] or result[0] == 0
 
 
+# Enough metric points that reading them takes many of SQLite's result batches, so that a
+# damaged page among the last ones is met after the first rows have arrived.
+_FILLER_POINTS = """
+    WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 60000)
+    INSERT INTO metrics (key, value, timestamp, step, is_nan, run_uuid)
+    SELECT 'filler', i, 1700000000000 + i, i, 0, (SELECT min(run_uuid) FROM runs) FROM n
+"""
+
+
+def test_a_damaged_page_met_in_the_middle_of_a_result(reference_sqlite, seeded, tmp_path):
+    """SQLite reports the damage when its read reaches the page: the driver's error then
+    comes through pyarrow's stream reader, after rows were read (it was an internal error,
+    exit 3: found by the XL benchmark reading a store its generator was still writing)."""
+    store = tmp_path / "mlflow.db"
+    shutil.copyfile(reference_sqlite, store)
+    con = sqlite3.connect(store)
+    con.executescript(_FILLER_POINTS)
+    con.commit()
+    (page,) = con.execute("PRAGMA page_size").fetchone()
+    con.close()
+    pages = store.stat().st_size // page
+    with open(store, "r+b") as fh:  # the last pages hold the filler rows, written last
+        fh.seek((pages - 6) * page)
+        fh.write(b"\xff" * (4 * page))
+    db = tmp_path / "w.duckdb"
+    shutil.copyfile(seeded, db)
+    before = counts(db)
+    result = audit(db, "ingest", "mlflow", "--tracking-uri", f"sqlite:///{store}")
+    _verdict(
+        "mlflow sqlite store",
+        "damaged page",
+        db,
+        before,
+        result,
+        "database disk image is malformed",
+    )
+    assert result[0] == 2
+
+
 # -- the tracking server ---------------------------------------------------------------------
 def _first_run(edit):
     """Rewrite the first run of a runs/search answer with ``edit(run)``."""

@@ -239,7 +239,9 @@ class SqlStoreReader:
         self._database = database
         self.kind = kind
         self.location = location
-        self._errors = error_types
+        # A driver's error in the middle of a result (a damaged page reached after the
+        # first rows) reaches Python through pyarrow's stream reader, as an OSError.
+        self._errors = (*error_types, OSError)
         self.con = None
         self._ph = "?" if kind == "sqlite" else "$1"
         self._total_runs = 0
