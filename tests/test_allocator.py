@@ -86,3 +86,20 @@ def test_the_table_blocks_a_query_read_leave_the_pool_and_the_limit_stays(tmp_pa
         assert con.execute("SELECT count(*) FROM t").fetchone() == (6_000_000,)
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("where", ["an in-memory database", "a temporary table"])
+def test_blocks_that_live_only_in_memory_are_not_spilled(tmp_path, where):
+    spill = tmp_path / "spill"
+    if where == "an in-memory database":
+        con, create = duckdb.connect(), "CREATE TABLE"
+    else:
+        con, create = duckdb.connect(str(tmp_path / "file.duckdb")), "CREATE TEMP TABLE"
+    try:
+        con.execute(f"SET temp_directory = '{spill}'")
+        con.execute(f"{create} t AS SELECT i, md5(i::VARCHAR) AS text FROM range(6000000) r(i)")
+        return_freed_memory(con)
+        assert not spill.exists() or not any(spill.iterdir()), sorted(spill.iterdir())
+        assert con.execute("SELECT count(*) FROM t").fetchone() == (6_000_000,)
+    finally:
+        con.close()

@@ -17,7 +17,8 @@ DuckDB also keeps the table blocks a query read in its buffer pool until the poo
 ``memory_limit`` (80 % of the machine's memory by default): 100-200 MB at 100,000 runs by
 the end of a scan, each block read by one rule. Lowering the limit for a moment evicts the
 unpinned ones, as DuckDB does whenever the limit is lowered; a later query reads its
-blocks again from the file (from the OS page cache, in a scan).
+blocks again from the file (from the OS page cache, in a scan). Not while blocks that live
+only in memory exist (an in-memory database, temporary tables): those would be spilled.
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ def return_freed_memory(con: duckdb.DuckDBPyConnection | None = None) -> bool:
 
 
 def _evict_cached_blocks(con: duckdb.DuckDBPyConnection) -> None:
+    # Only blocks of a database file leave without being written anywhere: the blocks of an
+    # in-memory database or of temporary tables would be spilled to temporary files.
+    (path,) = con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchone()
+    (in_memory,) = con.execute(
+        "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() "
+        "WHERE tag = 'IN_MEMORY_TABLE'"
+    ).fetchone()
+    if path is None or in_memory:
+        return
     # The warehouse runs with DuckDB's default limit, which RESET restores exactly (setting
     # back the printed "18.8 GiB" would lower it by up to 0.1 GiB each time).
     try:
