@@ -4,8 +4,8 @@ DuckDB's Linux wheels allocate through their own jemalloc. A query's hash tables
 intermediate strings are freed to jemalloc when it ends, but jemalloc keeps those pages
 (its "dirty" pages decay only while the same arena keeps allocating, and no background
 thread runs). A scan's rules spend most of their time in Python between queries, so the
-pages stay resident: at 100,000 runs DUP001's signature query left 360 MB in the process
-that DuckDB itself counted as 12 MB in ``duckdb_memory()``. Purging every arena, which
+pages stay resident: at 100,000 runs DUP001's signature query left 346 MiB in the process
+that DuckDB itself counted as 12.5 MiB in ``duckdb_memory()``. Purging every arena, which
 DuckDB does itself after bulk deallocations, returns them.
 
 DuckDB has no SQL statement for it, so this calls the ``mallctl`` its extension module
