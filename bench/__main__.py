@@ -91,6 +91,7 @@ def bench_import(data: DataSet, reps: int, work: Path) -> tuple[list[Step], Path
     size = data.size
     full = Step("MLflow full import", "runs/min", target="≥ 100,000 runs/min")
     full_s = Step("MLflow full import", "s")
+    full_rss = Step("MLflow full import peak RSS", "MiB")
     uri = f"sqlite:///{data.store}"
     data.use_store(data.base_store)
     warehouse = work / "imported.duckdb"
@@ -100,6 +101,7 @@ def bench_import(data: DataSet, reps: int, work: Path) -> tuple[list[Step], Path
         _expect(outcome, f"imported {size.runs:,} new or changed runs".replace(",", ""))
         full_s.values.append(outcome.seconds)
         full.values.append(size.runs / outcome.seconds * 60)
+        full_rss.values.append(outcome.peak_rss_mib)
     full.met = full.median() >= 100_000
     incremental = Step(f"incremental import (+{size.new_runs:,} runs, 1 %)", "s", target="< 2 s")
     data.use_store(data.plus_store)
@@ -117,7 +119,7 @@ def bench_import(data: DataSet, reps: int, work: Path) -> tuple[list[Step], Path
             run_audit(data, scratch, "ingest", "mlflow", "--tracking-uri", uri).seconds
         )
     data.use_store(data.base_store)
-    return [full, full_s, incremental, unchanged], warehouse
+    return [full, full_s, full_rss, incremental, unchanged], warehouse
 
 
 def bench_server(data: DataSet, reps: int, work: Path) -> list[Step]:
@@ -158,14 +160,16 @@ def bench_telemetry(data: DataSet, reps: int, work: Path) -> list[Step]:
     files = [str(p) for p in data.telemetry_files()]
     rows = data.size.hosts * 8 * data.size.days * 24 * 60
     rate = Step(f"telemetry import ({rows:,} rows)", "rows/s", target="≥ 2,000,000 rows/s")
+    rate_rss = Step("telemetry import peak RSS", "MiB")
     db = work / "telemetry.duckdb"
     for _ in range(reps):
         db.unlink(missing_ok=True)
         outcome = run_audit(data, db, "ingest", "gpu", *files)
         _expect(outcome, f"imported {rows} GPU samples")
         rate.values.append(rows / outcome.seconds)
+        rate_rss.values.append(outcome.peak_rss_mib)
     rate.met = rate.median() >= 2_000_000
-    return [rate]
+    return [rate, rate_rss]
 
 
 def bench_scan(data: DataSet, reps: int, work: Path, imported: Path) -> tuple[list[Step], Path]:

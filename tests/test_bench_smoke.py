@@ -36,11 +36,13 @@ def test_bench_size_s_runs_every_step(tmp_path):
     table = proc.stdout
     for step in (
         "MLflow full import",
+        "MLflow full import peak RSS",
         "incremental import (+10 runs, 1 %)",
         "unchanged re-import",
         "tracking-server import (with metric histories)",
         "tracking-server unchanged re-import",
         "telemetry import (115,200 rows)",
+        "telemetry import peak RSS",
         "sacct import",
         "checkpoint inventory",
         "`audit scan` (all history)",

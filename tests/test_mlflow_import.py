@@ -281,3 +281,30 @@ def test_file_store_repeated_metric_lines_count_once(run_cli, tmp_path):
     points = con.execute("SELECT step, epoch_ms(ts) FROM metrics ORDER BY 1, 2").fetchall()
     con.close()
     assert points == [(10, 1794787200000), (10, 1794787260000), (11, 1794787200000)]
+
+
+def test_a_store_read_in_many_small_frames_gives_the_same_warehouse(
+    server, run_cli, tmp_path, monkeypatch
+):
+    """A first import reads every table in frames of at most ``ROWS_PER_BATCH`` rows
+    (params and tags too: 1,000,000 runs have 15 M params); with frames of 7 rows the
+    reference runs' tables arrive in dozens of frames and the warehouse is the same."""
+    from audit.importers.mlflow import sqlstore
+
+    uri = f"sqlite:///{server['backend']}"
+    whole, in_parts = tmp_path / "whole.duckdb", tmp_path / "parts.duckdb"
+    assert run_cli("--db", str(whole), "ingest", "mlflow", "--tracking-uri", uri)[0] == 0
+    frames = []
+    original = sqlstore.checked_frame
+    monkeypatch.setattr(sqlstore, "ROWS_PER_BATCH", 7)
+    monkeypatch.setattr(
+        sqlstore,
+        "checked_frame",
+        lambda table, schema, where: (
+            frames.append(table.num_rows) or original(table, schema, where)
+        ),
+    )
+    assert run_cli("--db", str(in_parts), "ingest", "mlflow", "--tracking-uri", uri)[0] == 0
+    assert frames.count(7) >= 40 and max(frames) == 7
+    assert warehouse_rows(in_parts) == warehouse_rows(whole)
+    assert _counts(in_parts) == _counts(whole)

@@ -20,6 +20,7 @@ from audit.importers.files import (
     FileImportSummary,
     FileSource,
     ParsedUnit,
+    execute_on_frame,
     import_files,
     insert_frame,
     now_utc,
@@ -68,25 +69,23 @@ class SlurmSource(FileSource):
         replace_by_key(
             con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"]
         )
-        con.register("incoming_job_keys", jobs.select("cluster", "job_id"))
-        con.execute(
-            "DELETE FROM job_nodes n WHERE EXISTS (SELECT 1 FROM incoming_job_keys k "
-            "WHERE k.cluster = n.cluster AND k.job_id = n.job_id)"
+        execute_on_frame(
+            con,
+            "DELETE FROM job_nodes n WHERE EXISTS (SELECT 1 FROM incoming_frame k "
+            "WHERE k.cluster = n.cluster AND k.job_id = n.job_id)",
+            jobs.select("cluster", "job_id"),
         )
-        con.unregister("incoming_job_keys")
         insert_frame(con, "job_nodes", nodes)
 
 
 def _stored_jobs(con, incoming: pl.DataFrame) -> pl.DataFrame:
     """The warehouse's records of the incoming jobs."""
-    con.register("incoming_job_keys", incoming.select("cluster", "job_id"))
-    try:
-        return con.sql(
-            "SELECT j.* FROM jobs j SEMI JOIN incoming_job_keys k "
-            "ON k.cluster = j.cluster AND k.job_id = j.job_id"
-        ).pl()
-    finally:
-        con.unregister("incoming_job_keys")
+    return execute_on_frame(
+        con,
+        "SELECT j.* FROM jobs j SEMI JOIN incoming_frame k "
+        "ON k.cluster = j.cluster AND k.job_id = j.job_id",
+        incoming.select("cluster", "job_id"),
+    ).pl()
 
 
 def import_slurm(
@@ -235,15 +234,13 @@ class SampleBatch:
             else ""
         )
         columns = ", ".join(samples.columns)
-        self.con.register("incoming_samples", samples)
-        try:
-            self.con.execute(
-                f"INSERT INTO gpu_samples ({columns}) "
-                f"SELECT {', '.join('i.' + c for c in samples.columns)} "
-                f"FROM incoming_samples i {existing}"
-            )
-        finally:
-            self.con.unregister("incoming_samples")
+        execute_on_frame(
+            self.con,
+            f"INSERT INTO gpu_samples ({columns}) "
+            f"SELECT {', '.join('i.' + c for c in samples.columns)} "
+            f"FROM incoming_frame i {existing}",
+            samples,
+        )
 
 
 class CheckpointSource(FileSource):

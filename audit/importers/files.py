@@ -25,31 +25,41 @@ def now_utc() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+def execute_on_frame(con, sql: str, frame: pl.DataFrame):
+    """Run ``sql``, in which the table name ``incoming_frame`` is ``frame`` (a SELECT
+    gives its relation).
+
+    Importers write inside one transaction, and a view made by ``con.register`` and dropped
+    again stays in that transaction's undo buffer, with the Arrow copy of its frame, until
+    the commit: the first import of 100,000 MLflow runs (25 M metric points) peaked at
+    6.4 GiB that way, at 1.6 GiB without. A relation's name lives only as long as the
+    statement. (Python
+    replacement scans, the other way without a catalog entry, are off on a connection
+    ``lock_down`` has locked.)
+    """
+    return con.from_arrow(frame.to_arrow()).query("incoming_frame", sql)
+
+
 def insert_frame(con, table: str, frame: pl.DataFrame) -> None:
     if frame.is_empty():
         return
     _check_times(table, frame)
     columns = ", ".join(f'"{c}"' for c in frame.columns)
-    con.register("incoming", frame)
-    try:
-        con.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming")
-    finally:
-        con.unregister("incoming")
+    execute_on_frame(
+        con, f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming_frame", frame
+    )
 
 
 def replace_by_key(con, table: str, frame: pl.DataFrame, keys: list[str]) -> None:
     """Delete the rows whose ``keys`` appear in ``frame``, then insert ``frame``."""
     if frame.is_empty():
         return
-    key_frame = frame.select(keys).unique()
-    con.register("incoming_keys", key_frame)
-    try:
-        condition = " AND ".join(f't."{k}" = k."{k}"' for k in keys)
-        con.execute(
-            f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM incoming_keys k WHERE {condition})"
-        )
-    finally:
-        con.unregister("incoming_keys")
+    condition = " AND ".join(f't."{k}" = k."{k}"' for k in keys)
+    execute_on_frame(
+        con,
+        f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM incoming_frame k WHERE {condition})",
+        frame.select(keys).unique(),
+    )
     insert_frame(con, table, frame)
 
 

@@ -438,14 +438,13 @@ def _refresh_checkpoints_of_runs(con, settings: LinkSettings, changed_runs: str)
 def _insert_pairs(con, rows: list[tuple[str, str]]) -> None:
     import polars as pl
 
-    con.register(
-        "incoming_link_runs",
+    from audit.importers.files import execute_on_frame
+
+    execute_on_frame(
+        con,
+        "INSERT INTO audit_link_runs SELECT * FROM incoming_frame",
         pl.DataFrame(rows, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"),
     )
-    try:
-        con.execute("INSERT INTO audit_link_runs SELECT * FROM incoming_link_runs")
-    finally:
-        con.unregister("incoming_link_runs")
 
 
 def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:

@@ -21,7 +21,13 @@ from pathlib import Path
 
 import polars as pl
 
-from audit.importers.files import FileImportSummary, FileSource, insert_frame, now_utc
+from audit.importers.files import (
+    FileImportSummary,
+    FileSource,
+    execute_on_frame,
+    insert_frame,
+    now_utc,
+)
 from audit.importers.run_store import (
     METRIC_SCHEMA,
     PARAM_SCHEMA,
@@ -234,18 +240,16 @@ class _RunQueue:
 
     def flush(self, con, origin: str) -> None:
         if self.stale:
-            con.register(
-                "stale_runs",
-                pl.DataFrame(
-                    self.stale, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"
-                ),
+            stale = pl.DataFrame(
+                self.stale, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"
             )
             for table in (*RUN_TABLES, "gpu_samples", "run_files"):
-                con.execute(
-                    f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM stale_runs s "
-                    "WHERE s.source_id = t.source_id AND s.run_id = t.run_id)"
+                execute_on_frame(
+                    con,
+                    f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM incoming_frame s "
+                    "WHERE s.source_id = t.source_id AND s.run_id = t.run_id)",
+                    stale,
                 )
-            con.unregister("stale_runs")
         for source_id, runs in self.by_source.items():
             _insert_runs(con, source_id, runs, origin)
         self.__init__()
@@ -306,16 +310,14 @@ def _insert_runs(con, source_id: str, runs: list[ParsedRun], origin: str) -> Non
     if samples:
         frame = pl.concat(samples).with_columns(origin=pl.lit(origin), source_id=pl.lit(source_id))
         columns = ", ".join(frame.columns)
-        con.register("incoming_run_samples", frame)
-        try:
-            # One row per (host, gpu, ts): a sample a host's telemetry already holds is kept.
-            con.execute(
-                f"INSERT INTO gpu_samples ({columns}) SELECT {columns} FROM incoming_run_samples i "
-                "WHERE NOT EXISTS (SELECT 1 FROM gpu_samples e "
-                "WHERE e.host = i.host AND e.gpu = i.gpu AND e.ts = i.ts)"
-            )
-        finally:
-            con.unregister("incoming_run_samples")
+        # One row per (host, gpu, ts): a sample a host's telemetry already holds is kept.
+        execute_on_frame(
+            con,
+            f"INSERT INTO gpu_samples ({columns}) SELECT {columns} FROM incoming_frame i "
+            "WHERE NOT EXISTS (SELECT 1 FROM gpu_samples e "
+            "WHERE e.host = i.host AND e.gpu = i.gpu AND e.ts = i.ts)",
+            frame,
+        )
     cursors = [
         (source_id, r.run_id, c["path"], c["size"], c["mtime"], c["resume_offset"], c["state"])
         for r in runs

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from audit.errors import InputError
-from audit.importers.files import insert_frame
+from audit.importers.files import execute_on_frame, insert_frame
 from audit.importers.params import normalised_params
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -171,13 +171,12 @@ def replace_experiments(con, source_id: str, experiments: pl.DataFrame, location
         "experiment_id",
         location,
     ).with_columns(source_id=pl.lit(source_id))
-    con.register("incoming_experiments", frame)
-    con.execute(
-        "DELETE FROM experiments WHERE source_id = ? AND experiment_id IN "
-        "(SELECT experiment_id FROM incoming_experiments)",
-        [source_id],
+    execute_on_frame(
+        con,
+        "DELETE FROM experiments t WHERE EXISTS (SELECT 1 FROM incoming_frame k "
+        "WHERE k.source_id = t.source_id AND k.experiment_id = t.experiment_id)",
+        frame.select("source_id", "experiment_id"),
     )
-    con.unregister("incoming_experiments")
     insert_frame(con, "experiments", frame)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from audit.importers.files import execute_on_frame
+
 MAX_KEYS = 1500
 SEARCH_TABLE = "search_runs"
 
@@ -49,8 +51,8 @@ _SPECS = {
 def _search_select(
     con, changed_in: str | None = None, keys: dict[str, list[str]] | None = None
 ) -> str:
-    """SELECT of the wide table, or of the runs of source ``changed_in`` listed in
-    ``search_changed`` (then the pivots read only those runs' rows)."""
+    """SELECT of the wide table, or of the runs of source ``changed_in`` listed in the
+    frame ``incoming_frame`` (then the pivots read only those runs' rows)."""
     keys = _search_keys(con) if keys is None else keys
 
     def only_changed(alias: str) -> str:
@@ -58,7 +60,7 @@ def _search_select(
             return ""
         return (
             f" WHERE {alias}.source_id = {_literal(changed_in)} "
-            f"AND {alias}.run_id IN (SELECT run_id FROM search_changed)"
+            f"AND {alias}.run_id IN (SELECT run_id FROM incoming_frame)"
         )
 
     joins, selected = [], []
@@ -119,14 +121,16 @@ def update_search_tables(con, source_id: str, run_ids: list[str]) -> None:
     if existing != wanted:
         rebuild_search_tables(con)
         return
-    con.register("search_changed", pl.DataFrame({"run_id": run_ids}, schema={"run_id": pl.String}))
-    con.execute(
-        f"DELETE FROM {SEARCH_TABLE} WHERE source_id = ? "
-        "AND run_id IN (SELECT run_id FROM search_changed)",
-        [source_id],
+    changed = pl.DataFrame({"run_id": run_ids}, schema={"run_id": pl.String})
+    execute_on_frame(
+        con,
+        f"DELETE FROM {SEARCH_TABLE} t WHERE EXISTS (SELECT 1 FROM incoming_frame k "
+        "WHERE k.source_id = t.source_id AND k.run_id = t.run_id)",
+        changed.with_columns(source_id=pl.lit(source_id)),
     )
-    con.execute(f"INSERT INTO {SEARCH_TABLE} {_search_select(con, source_id, keys)}")
-    con.unregister("search_changed")
+    execute_on_frame(
+        con, f"INSERT INTO {SEARCH_TABLE} {_search_select(con, source_id, keys)}", changed
+    )
     _rename_experiments(con)
 
 

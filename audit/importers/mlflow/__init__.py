@@ -17,7 +17,7 @@ import polars as pl
 
 from audit.config import Config, load_config
 from audit.errors import InputError
-from audit.importers.files import insert_frame, prefetch
+from audit.importers.files import execute_on_frame, insert_frame, prefetch
 from audit.importers.links import refresh_links
 from audit.importers.mlflow.base import KnownRuns, MlflowReader
 from audit.importers.run_store import (
@@ -186,16 +186,15 @@ def import_mlflow(
 
 def _delete_runs(con, source_id: str, run_ids: list[str]) -> None:
     """Every row of these runs of the source, before their new rows are written."""
-    con.register("replaced_ids", pl.DataFrame({"run_id": run_ids}, schema={"run_id": pl.String}))
-    try:
-        for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
-            con.execute(
-                f"DELETE FROM {table} WHERE source_id = ? "
-                "AND run_id IN (SELECT run_id FROM replaced_ids)",
-                [source_id],
-            )
-    finally:
-        con.unregister("replaced_ids")
+    replaced = pl.DataFrame({"run_id": run_ids}, schema={"run_id": pl.String})
+    replaced = replaced.with_columns(source_id=pl.lit(source_id))
+    for table in ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs"):
+        execute_on_frame(
+            con,
+            f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM incoming_frame k "
+            "WHERE k.source_id = t.source_id AND k.run_id = t.run_id)",
+            replaced,
+        )
 
 
 # At least this often a re-import computes every run's signature in the store instead of

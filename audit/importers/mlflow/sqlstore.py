@@ -340,7 +340,8 @@ class SqlStoreReader:
         return self._guard(lambda: self._typed(self.con.table(sql), schema, label))
 
     def _frames(self, sql: str, schema: dict, label: str) -> Iterator[pl.DataFrame]:
-        """The result in frames of about ``ROWS_PER_BATCH`` rows, never all at once."""
+        """The result in frames of ``ROWS_PER_BATCH`` rows (the last one fewer), never all
+        at once."""
         import pyarrow as pa
 
         try:
@@ -348,10 +349,12 @@ class SqlStoreReader:
             for batch in self.con.reader(sql):
                 pending.append(batch)
                 rows += batch.num_rows
-                if rows >= ROWS_PER_BATCH:
-                    yield self._typed(pa.Table.from_batches(pending), schema, label)
-                    pending, rows = [], 0
-            if pending:
+                while rows >= ROWS_PER_BATCH:  # slices share the batches' buffers
+                    table = pa.Table.from_batches(pending)
+                    yield self._typed(table.slice(0, ROWS_PER_BATCH), schema, label)
+                    rest = table.slice(ROWS_PER_BATCH)
+                    pending, rows = rest.to_batches(), rest.num_rows
+            if rows:
                 yield self._typed(pa.Table.from_batches(pending), schema, label)
         except self._errors as exc:
             raise InputError(f"{self.location}: cannot read ({_first_line(exc)})") from None
@@ -622,20 +625,14 @@ class SqlStoreReader:
             (lambda f: f) if wanted is None else (lambda f: f.join(wanted, on="run_id", how="semi"))
         )
         queries = self._queries(restrict=False)
-        small = {
-            name: keep(self._frame(*queries[name], name))
-            for name in ("params", "tags", "latest_metrics", "datasets")
-            if name in queries
-        }
+        # Every table in frames of ROWS_PER_BATCH rows: 1,000,000 runs have 15 M params
+        for name in ("params", "tags", "latest_metrics", "datasets"):
+            if name not in queries:
+                continue
+            for part in self._frames(*queries[name], name):
+                details = {"latest_metrics": _EMPTY_METRICS, name: keep(part)}
+                yield DetailBatch(run_count=0, **details)
         expected_points = self._estimated_metric_rows()
-        first = DetailBatch(
-            run_count=0,
-            params=small["params"],
-            tags=small["tags"],
-            latest_metrics=small.get("latest_metrics"),
-            datasets=small.get("datasets", pl.DataFrame(schema=DATASET_SCHEMA)),
-        )
-        yield first
         reported = 0
         seen_points = 0
         for metrics in self._frames(*queries["metrics"], "metrics"):
