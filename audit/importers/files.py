@@ -33,9 +33,8 @@ def execute_on_frame(con, sql: str, frame: pl.DataFrame):
     again stays in that transaction's undo buffer, with the Arrow copy of its frame, until
     the commit: the first import of 100,000 MLflow runs (25 M metric points) peaked at
     6.4 GiB that way, at 1.6 GiB without. A relation's name lives only as long as the
-    statement. (Python
-    replacement scans, the other way without a catalog entry, are off on a connection
-    ``lock_down`` has locked.)
+    statement. (Python replacement scans, the other way without a catalog entry, are off
+    on a connection ``lock_down`` has locked.)
     """
     return con.from_arrow(frame.to_arrow()).query("incoming_frame", sql)
 
