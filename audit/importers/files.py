@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import polars as pl
 
@@ -79,41 +79,80 @@ def log_file_imports(con, kind: str, rows: list[tuple[str, int, int, int]], seco
     insert_frame(con, "file_imports", frame)
 
 
-def prefetch(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
-    """Read the next batches in a thread while the caller writes the current one.
+class Prefetch(Generic[T]):
+    """Reads the next batches of ``batches`` in a thread, from the moment it is made, while
+    the caller writes the current one.
 
     Reading (SQLite/HTTP, Arrow conversion) and DuckDB inserts both release the GIL, so
-    the two overlap on separate cores. Errors in the reader re-raise in the caller.
+    the two overlap on separate cores. Errors in the reader re-raise in the caller. At most
+    ``depth`` batches wait. ``close`` (at the end of the iteration, or leaving a ``with``
+    block) stops the thread, which closes ``batches`` itself: a generator's cleanup (a
+    connection it opened) then runs on the thread that ran it.
     """
-    handoff: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
 
-    def produce() -> None:
+    _DONE = object()
+
+    def __init__(self, batches: Iterator[T], depth: int = 2):
+        self._handoff: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread = threading.Thread(
+            target=self._produce, args=(batches,), name="audit-import-reader", daemon=True
+        )
+        self._thread.start()
+
+    def _produce(self, batches: Iterator[T]) -> None:
         try:
             for batch in batches:
-                while not stop.is_set():
-                    try:
-                        handoff.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not self._put(batch):
                     return
-            handoff.put(done)
+            self._put(self._DONE)
         except BaseException as exc:  # handed to the consumer, which re-raises it
-            handoff.put(exc)
+            self._put(exc)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
-    thread = threading.Thread(target=produce, name="audit-import-reader", daemon=True)
-    thread.start()
-    try:
-        while (item := handoff.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Prefetch[T]:
+        return self
+
+    def __enter__(self) -> Prefetch[T]:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __next__(self) -> T:
+        if self._finished:
+            raise StopIteration
+        item = self._handoff.get()
+        if item is self._DONE:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._finished = True
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def prefetch(batches: Iterator[T], depth: int = 2) -> Prefetch[T]:
+    """``batches`` read ahead in a thread (see ``Prefetch``); the reading starts now."""
+    return Prefetch(batches, depth)
 
 
 @dataclass

@@ -158,13 +158,14 @@ def import_mlflow(
                 _delete_runs(con, source_id, replaced_ids)
             insert_frame(con, "runs", runs_frame(changed, source_id, started_at, reader.location))
             progress.start(len(changed_ids))
-            for batch in prefetch(reader.details(changed_ids)):
-                write_batch(con, batch, source_id, reader.location)
-                summary.params += batch.params.height
-                summary.tags += batch.tags.height
-                summary.metric_points += batch.metrics.height
-                summary.datasets += batch.datasets.height
-                progress.advance(batch.run_count)
+            with prefetch(reader.details(changed_ids)) as batches:
+                for batch in batches:
+                    write_batch(con, batch, source_id, reader.location)
+                    summary.params += batch.params.height
+                    summary.tags += batch.tags.height
+                    summary.metric_points += batch.metrics.height
+                    summary.datasets += batch.datasets.height
+                    progress.advance(batch.run_count)
             con.execute("DELETE FROM model_versions WHERE source_id = ?", [source_id])
             insert_frame(
                 con,
