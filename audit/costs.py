@@ -269,16 +269,18 @@ class Facts:
         count_keys = cost_settings["gpu_count_keys"]
         type_keys = cost_settings["gpu_type_keys"]
         pool = _TextPool()
+        count_parts = {part for key in count_keys for part in key.split("*")}
         values = _run_values(
             con,
-            pool,
-            {
-                "method": attribution["method_keys"],
-                "base_model": attribution["base_model_keys"],
-                "team": [attribution["team_tag"]],
-                "gpu_type": type_keys,
-                "gpu_count": sorted({part for key in count_keys for part in key.split("*")}),
-            },
+            sorted(
+                {
+                    *attribution["method_keys"],
+                    *attribution["base_model_keys"],
+                    attribution["team_tag"],
+                    *type_keys,
+                    *count_parts,
+                }
+            ),
         )
         host_models = dict(
             con.execute(
@@ -368,7 +370,7 @@ class Facts:
             last_seen = raw["end_time"] or raw["last_metric"]
             gpu_type = (
                 (job and job["gpu_type"])
-                or _first(mine.get("gpu_type"), type_keys)
+                or pool(_first(mine, type_keys))
                 or default_type
                 or (job and job["host_model"])
             )
@@ -378,11 +380,11 @@ class Facts:
             )
             team, team_source = team_of(
                 order,
-                _first(mine.get("team"), team_tag),
+                pool(_first(mine, team_tag)),
                 job and job["account"],
                 raw["user_id"] or (job and job["user_name"]),
             )
-            method = _first(mine.get("method"), method_keys)
+            method = _first(mine, method_keys)
             fact = RunFacts(
                 source_id=source_id,
                 run_id=run_id,
@@ -400,7 +402,7 @@ class Facts:
                 team=team,
                 team_source=team_source,
                 method=pool(method.lower()) if method else None,
-                base_model=_first(mine.get("base_model"), base_model_keys),
+                base_model=pool(_first(mine, base_model_keys)),
                 cluster=raw["cluster"],
                 job_id=job_id,
                 job_start=job and job["start_time"],
@@ -532,7 +534,7 @@ def _run_cost(
             price_key,
             "the run's GPU system metrics",
         )
-    counted = _gpu_count(values.get("gpu_count", {}), count_keys)
+    counted = _gpu_count(values, count_keys)
     if counted is not None:
         key, gpus = counted
         return Cost("params", gpus, gpu_type, wall, price, price_key, f"param {key}")
@@ -603,34 +605,31 @@ def _host_model(job: dict, host_models: dict[str, str]) -> str | None:
     return None
 
 
-def _run_values(
-    con, pool: _TextPool, wanted: dict[str, list[str]]
-) -> dict[tuple, dict[str, dict[str, str]]]:
-    """Per run and purpose, the values of the keys the purpose looks at (params first,
-    then tags: a param set by the training code wins over a tag set later by hand)."""
-    keys = sorted({k for ks in wanted.values() for k in ks})
-    out: dict[tuple, dict[str, dict[str, str]]] = {}
+def _run_values(con, keys: list[str]) -> dict[tuple, dict[str, str | None]]:
+    """Per run, the value of each of ``keys`` it has: its param's, else its tag's (a param
+    set by the training code wins over a tag set later by hand, even an empty one)."""
+    out: dict[tuple, dict[str, str | None]] = {}
     if not keys:
         return out
     rows = con.execute(
         """
-        SELECT source_id, run_id, key, value, 0 AS pos FROM params WHERE list_contains(?, key)
-        UNION ALL
-        SELECT source_id, run_id, key, value, 1 FROM tags WHERE list_contains(?, key)
-        ORDER BY pos DESC
+        SELECT source_id, run_id, list(key), list(value)
+        FROM (
+            SELECT source_id, run_id, key, first(value ORDER BY pos) AS value
+            FROM (
+                SELECT source_id, run_id, key, value, 0 AS pos FROM params
+                WHERE list_contains(?, key)
+                UNION ALL
+                SELECT source_id, run_id, key, value, 1 FROM tags WHERE list_contains(?, key)
+            )
+            GROUP BY ALL
+        )
+        GROUP BY ALL
         """,
         [keys, keys],
     ).fetchall()
-    purposes_of = {k: [p for p, ks in wanted.items() if k in ks] for k in keys}
-    for source_id, run_id, key, value, _pos in rows:
-        per_run = out.get((source_id, run_id))
-        if per_run is None:
-            per_run = out[(source_id, run_id)] = {}
-        for purpose in purposes_of[key]:
-            found = per_run.get(purpose)
-            if found is None:
-                found = per_run[purpose] = {}
-            found[key] = pool(value)  # params come last and win
+    for source_id, run_id, run_keys, values in rows:
+        out[(source_id, run_id)] = dict(zip(run_keys, values, strict=True))
     return out
 
 
