@@ -1,7 +1,8 @@
 """An incremental import from a SQL store reads the details of runs new to the warehouse
 on a connection of their own while it proves the other runs unchanged: the warehouse it
 writes must be the one a full import of the store writes, whatever changed in the store,
-and a read-ahead that is not used or is interrupted must leave no thread behind."""
+even while the import was reading it, and a read-ahead that is not used or is interrupted
+must leave no thread behind."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from audit.importers.files import prefetch
 from audit.importers.mlflow import import_mlflow, known_runs, open_reader
+from audit.importers.mlflow.sqlstore import SqlStoreReader
 from audit.importers.run_store import stable_hash
 from audit.warehouse import open_warehouse
 from tests.helpers import copy_store_run, property_examples
@@ -221,3 +223,63 @@ def test_closing_a_prefetch_closes_its_source_on_the_reading_thread():
     assert closed_on == ["audit-import-reader"]
     assert not _reader_threads()
     assert list(ahead) == []
+
+
+def _log_late_metric(store, run: str) -> None:
+    """What MLflow writes when a run logs one more metric point."""
+    con = sqlite3.connect(store, timeout=10)
+    try:
+        con.execute(
+            "INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) "
+            "VALUES ('late/eval', 0.5, 1794800000000, ?, 7, 0)",
+            [run],
+        )
+        con.execute(
+            "INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) "
+            "VALUES ('late/eval', 0.5, 1794800000000, 7, 0, ?)",
+            [run],
+        )
+        con.commit()
+    finally:
+        con.close()
+
+
+def test_details_read_ahead_of_a_failed_proof_are_not_written(imported, tmp_path, monkeypatch):
+    """A new run logs a point after its details were read ahead and before the signatures
+    that a failed proof computes for every run: those details are older than the signature
+    recorded beside them, so they must be read again, or the point would never be imported.
+    The next import, with nothing written in between, must leave the warehouse as a full
+    import of the store leaves it."""
+    store, db = imported
+    con = sqlite3.connect(store)
+    con.execute("PRAGMA journal_mode = WAL")  # MLflow may write while the import reads
+    con.execute("UPDATE tags SET value = value || '-edited' WHERE rowid = 1")  # proof fails
+    con.commit()
+    con.close()
+    (new,) = _new_runs(store, 1)
+    read_ahead = threading.Event()
+    own_connection = SqlStoreReader._details_on_own_connection
+    with_signatures = SqlStoreReader._with_signatures
+
+    def signalling(reader, run_ids):
+        for batch in own_connection(reader, run_ids):
+            read_ahead.set()
+            yield batch
+
+    def late_point_first(reader, runs, only):
+        if only is None:  # every signature: the proof failed
+            read_ahead.wait(timeout=2)  # (a read-ahead stopped before reading never sets it)
+            _log_late_metric(store, new)
+        return with_signatures(reader, runs, only)
+
+    monkeypatch.setattr(SqlStoreReader, "_details_on_own_connection", signalling)
+    monkeypatch.setattr(SqlStoreReader, "_with_signatures", late_point_first)
+    with open_warehouse(db) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    monkeypatch.undo()
+    with open_warehouse(db) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    fresh = tmp_path / "fresh.duckdb"
+    with open_warehouse(fresh) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    assert _tables(db) == _tables(fresh)

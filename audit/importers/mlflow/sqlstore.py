@@ -407,10 +407,15 @@ class SqlStoreReader:
         frames = self._frame_in_parallel(queries)
         runs = frames.pop("runs")
         self._total_runs = runs.height
-        if known is not None:
+        # An import records each run's signature with its details, so the details must
+        # never be read before the signature: a change the signature saw and the details
+        # missed would never be imported. The proof computes the signatures of new runs
+        # first (on this reader's connection), so their details may be read ahead of it.
+        if provable:
             self._read_new_runs_ahead(runs, experiment_ids, known)
         proven = self._runs_proven_unchanged(runs, known, frames) if provable else None
-        if proven is None:
+        if proven is None:  # every signature is computed now: what was read ahead is older
+            self._stop_read_ahead()
             runs = self._with_signatures(runs, only=None)
             self.signatures_computed = runs.height
         else:
@@ -423,9 +428,9 @@ class SqlStoreReader:
         self, runs: pl.DataFrame, experiment_ids: list[str], known: KnownRuns
     ) -> None:
         """Start reading the details of the runs the warehouse has never held, on a
-        connection of their own. Whatever the signatures and the proof say, those runs are
-        written, so their read (0.2 s of an incremental import of 1,000 runs) overlaps the
-        proof instead of following it. ``details`` hands these batches out first."""
+        connection of their own. Whatever the proof says, those runs are written, so their
+        read (0.2 s of an incremental import of 1,000 runs) overlaps the proof instead of
+        following it. ``details`` hands these batches out first."""
         if experiment_ids:
             runs = runs.filter(pl.col("experiment_id").is_in(experiment_ids))
         new_ids = runs.join(known.signatures, on="run_id", how="anti")["run_id"].to_list()
