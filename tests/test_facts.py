@@ -61,3 +61,68 @@ def test_jobs_keep_their_read_columns_and_runs_share_their_texts(tmp_path):
             assert getattr(other, name) is getattr(first, name), name
     # the account a job's team came from and its runs' team are one object too
     assert facts.job("default", "7").team is first.team
+
+
+def test_gpu_type_and_attribution_follow_their_order(tmp_path):
+    """A run's GPU type: its job's allocation, else its own param or tag, else
+    ``default_gpu_type``, else the card model its job's hosts reported. A job's: its
+    allocation, else its hosts' model. A job takes the team, method and base model of its
+    first run; a job without runs its account's team."""
+    job = {"start": 0, "end": 4, "host": "n1"}
+    data = {
+        "runs": [
+            {
+                "run_id": "alloc",
+                "start": 0,
+                "params": {"gpu_type": "A100"},
+                "tags": {"slurm_job_id": 1},
+            },
+            {
+                "run_id": "param",
+                "start": 1,
+                "params": {"gpu_type": "A100", "method": "SFT"},
+                "tags": {"slurm_job_id": 2, "team": "coder"},
+            },
+            {
+                "run_id": "later",
+                "start": 2,
+                "params": {"method": "rl"},
+                "tags": {"slurm_job_id": 2, "team": "agents"},
+            },
+            {"run_id": "default", "start": 3, "tags": {"slurm_job_id": 3}},
+            {"run_id": "alone", "start": 4, "user": "bob"},
+        ],
+        "jobs": [
+            {**job, "job_id": 1, "gpu_type": "h100"},
+            {**job, "job_id": 2, "gpu_type": None, "start": 1},
+            {**job, "job_id": 3, "gpu_type": None, "start": 3, "end": 6},
+            {**job, "job_id": 4, "gpu_type": None, "account": "infra", "user": "eve"},
+        ],
+        "telemetry": [{"host": "n1", "start": 0, "end": 6, "gpus": 1, "util": {"default": 50}}],
+    }
+    config = '[cost]\ndefault_gpu_type = "L40S"\n[attribution]\nteam_order = ["tag", "account"]\n'
+    wh, config = build_warehouse(tmp_path / "w.duckdb", data, config)
+    try:
+        facts = Facts.load(wh.con, config)
+    finally:
+        wh.close()
+    run = {r.run_id: r for r in facts.runs}
+    assert {k: (r.cost.gpu_type, r.job_id) for k, r in run.items()} == {
+        "alloc": ("h100", "1"),
+        "param": ("A100", "2"),
+        "later": ("L40S", "2"),
+        "default": ("L40S", "3"),
+        "alone": ("L40S", None),
+    }
+    host_model = "NVIDIA H100 80GB HBM3"
+    jobs = {j.job_id: j for j in facts.jobs}
+    assert {k: j.gpu_type for k, j in jobs.items()} == {
+        "1": "h100", "2": host_model, "3": host_model, "4": host_model,
+    }  # fmt: skip
+    assert (jobs["2"].run_ids, jobs["2"].team, jobs["2"].method) == (
+        ["param", "later"],
+        "coder",
+        "sft",
+    )
+    assert (jobs["4"].run_ids, jobs["4"].team, jobs["4"].team_source) == ([], "infra", "account")
+    assert (run["alone"].team, run["alone"].team_source) == (None, None)  # no tag, no job
