@@ -15,7 +15,7 @@ import uuid
 
 import duckdb
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from audit.importers.files import prefetch
@@ -62,7 +62,7 @@ def _tables(db) -> dict[str, list[tuple]]:
                 ).fetchall()
                 if c != _IMPORT_TIMES.get(table)
             ]
-            quoted = ", ".join(f'"{c}"' for c in columns)
+            quoted = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
             rows = con.execute(f'SELECT {quoted} FROM "{table}"')
             out[table] = sorted(
                 (tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in row))
@@ -158,6 +158,27 @@ def test_a_first_import_reads_nothing_ahead(server, tmp_path):
 _KEPT_WRITES = _WRITES.filter(lambda write: write[0] != "purge run")
 
 
+def _replaces_a_tag_by_one_as_long(con: sqlite3.Connection, write: tuple) -> bool:
+    """Whether ``write`` replaces a tag's value by another of the same length: the SQL
+    store's signature counts a run's tags and their length (docs/schema.md), so such an
+    edit is not imported until something else of the run changes."""
+    kind, pick, *args = write
+    if kind == "rewrite tag":
+        rows = con.execute("SELECT value FROM tags ORDER BY rowid").fetchall()
+        return bool(rows) and len(rows[pick % len(rows)][0] or "") == len(args[0])
+    if kind == "add tag":
+        runs = [r for (r,) in con.execute("SELECT run_uuid FROM runs ORDER BY run_uuid")]
+        found = (
+            runs
+            and con.execute(
+                "SELECT value FROM tags WHERE key = ? AND run_uuid = ?",
+                ["k" + args[0], runs[pick % len(runs)]],
+            ).fetchone()
+        )
+        return bool(found) and len(found[0] or "") == len(args[1])
+    return False
+
+
 @settings(
     max_examples=property_examples(replay=10, explore=150),
     deadline=None,
@@ -178,6 +199,7 @@ def test_an_incremental_import_writes_what_a_full_import_writes(
     con = sqlite3.connect(store)
     try:
         for write in writes:
+            assume(not _replaces_a_tag_by_one_as_long(con, write))
             _write(con, write)
         con.commit()
     finally:
