@@ -331,3 +331,44 @@ def test_ctrl_c_during_prune_apply_finishes_the_entry_and_records_it(tmp_path, r
     # the same plan, applied again, finishes the job
     code, out, _ = run_cli(*base, "--apply", str(plan_file))
     assert code == 0 and out.startswith(f"deleted {10 - done} entries")
+
+
+def test_ctrl_c_between_two_entries_records_the_first_everywhere(prune_tree, run_cli, monkeypatch):
+    """SIGINT right after an entry is recorded, before the next begins (the check between
+    entries): the apply still returns its summary, and the entry is in the manifest and
+    in the warehouse alike. (It once raised there: the manifest had the entry and
+    ``prune_log`` did not, and the summary line was never printed.)"""
+    from audit import interrupts
+    from audit.actions.prune import apply_plan
+    from audit.config import load_config
+
+    db, tmp = prune_tree["db"], prune_tree["tmp"]
+    plan_file, manifest_file = tmp / "plan.json", tmp / "plan.json.manifest.jsonl"
+    base = ["--db", str(db), "--config", str(prune_tree["config"]), "prune"]
+    assert run_cli(*base, "--plan", str(plan_file))[0] == 0
+    assert len(json.loads(plan_file.read_text())["entries"]) == 3
+    monkeypatch.setattr(interrupts, "_requested", False)
+    checked = interrupts.requested
+    checks = []
+
+    def sigint_at_the_second_check() -> bool:
+        checks.append(1)
+        if len(checks) == 2:  # the first entry is recorded; the second not begun
+            os.kill(os.getpid(), signal.SIGINT)
+        return checked()
+
+    monkeypatch.setattr(interrupts, "requested", sigint_at_the_second_check)
+    previous = signal.signal(signal.SIGINT, interrupts._on_sigint)
+    try:
+        summary = apply_plan(plan_file, db, manifest_file, load_config(prune_tree["config"]))
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C between two entries escaped the apply")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (summary["interrupted"], summary["deleted"], len(summary["outcomes"])) == (True, 1, 1)
+    manifest = [json.loads(line) for line in manifest_file.read_text().splitlines()]
+    assert [m["status"] for m in manifest if m["status"] != "started"] == ["deleted"]
+    con = duckdb.connect(str(db), read_only=True)
+    logged = con.execute("SELECT path, status FROM prune_log").fetchall()
+    con.close()
+    assert logged == [(summary["outcomes"][0]["path"], "deleted")]

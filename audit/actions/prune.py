@@ -340,30 +340,44 @@ def apply_plan(plan_path: Path, db: Path, manifest_path: Path, config: Config) -
         inventory = Inventory.load(wh.con, config)
     # the last record of each path in earlier applies of this manifest
     history = {r.get("path"): r for r in read_log(manifest_path) if isinstance(r, dict)}
+    # Ctrl-C is held from the first entry to the warehouse's record of the last: it stops
+    # the loop before the next entry, never inside one (a half-deleted checkpoint the
+    # manifest does not mention is what the user would lose), and never between an
+    # entry's record in the manifest and its record in the warehouse.
+    with interrupts.held():
+        done = _apply_entries(plan, inventory, include_orphans, history, manifest_path)
+        summary = {
+            "planned": len(plan["entries"]),
+            "deleted": sum(1 for o in done if o["status"] == "deleted"),
+            "skipped": sum(1 for o in done if o["status"] != "deleted"),
+            "freed_bytes": sum(o["freed_bytes"] for o in done),
+            "outcomes": done,
+            "interrupted": interrupts.requested(),
+        }
+        if done:
+            _record_applied(db, plan_path, done)
+    return summary
+
+
+def _apply_entries(
+    plan: dict, inventory: Inventory, include_orphans: bool, history: dict, manifest_path: Path
+) -> list[dict]:
     done = []
     with AppendOnlyLog(manifest_path) as manifest:
         for entry in plan["entries"]:
             if interrupts.requested():
                 break
-            # Ctrl-C lets the entry being deleted finish and be recorded: a half-deleted
-            # checkpoint the manifest does not mention is what the user would lose.
-            with interrupts.held():
-                outcome = _apply_one(
-                    entry, inventory, include_orphans, history.get(entry["path"]), manifest
-                )
-                manifest.append(outcome)
-                done.append(outcome)
-    summary = {
-        "planned": len(plan["entries"]),
-        "deleted": sum(1 for o in done if o["status"] == "deleted"),
-        "skipped": sum(1 for o in done if o["status"] != "deleted"),
-        "freed_bytes": sum(o["freed_bytes"] for o in done),
-        "outcomes": done,
-        "interrupted": interrupts.requested(),
-    }
-    if not done:
-        return summary
-    with interrupts.held(), open_warehouse(db) as wh, wh.transaction() as con:
+            outcome = _apply_one(
+                entry, inventory, include_orphans, history.get(entry["path"]), manifest
+            )
+            manifest.append(outcome)
+            done.append(outcome)
+    return done
+
+
+def _record_applied(db: Path, plan_path: Path, done: list[dict]) -> None:
+    """The outcomes in ``prune_log``; deleted checkpoints leave the inventory."""
+    with open_warehouse(db) as wh, wh.transaction() as con:
         applied_at = datetime.now(UTC).replace(tzinfo=None)
         con.executemany(
             "INSERT INTO prune_log VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -385,7 +399,6 @@ def apply_plan(plan_path: Path, db: Path, manifest_path: Path, config: Config) -
         if gone:
             con.execute("DELETE FROM checkpoints WHERE list_contains(?, path)", [gone])
             con.execute("DELETE FROM checkpoint_runs WHERE list_contains(?, path)", [gone])
-    return summary
 
 
 def _apply_one(
