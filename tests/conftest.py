@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 # MLflow's usage telemetry (on by default since 3.x) would try the network from every test
 # process and mlflow server, and its thread sets and unsets _MLFLOW_TELEMETRY_SESSION_ID in
@@ -17,6 +18,8 @@ from click.testing import CliRunner
 from hypothesis import settings
 
 from audit.cli import cli
+from audit.importers.mlflow import import_mlflow
+from audit.warehouse import open_warehouse
 from tests.helpers import REPO, log_reference_runs, mlflow_server
 
 SAMPLE = REPO / "sample_logs"
@@ -113,3 +116,14 @@ def fresh_demo_db(demo_db, tmp_path):
         con.execute(f"DELETE FROM {table}")
     con.close()
     return {**demo_db, "db": db}
+
+
+@pytest.fixture
+def imported(server, tmp_path):
+    """A copy of the reference store and a warehouse that imported it."""
+    store = tmp_path / "store.db"
+    shutil.copy(server["backend"], store)
+    db = tmp_path / "w.duckdb"
+    with open_warehouse(db) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    return store, db

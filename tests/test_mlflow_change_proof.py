@@ -7,7 +7,6 @@ import shutil
 import sqlite3
 
 import polars as pl
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
@@ -16,17 +15,6 @@ from audit.importers.mlflow import import_mlflow, known_runs, open_reader
 from audit.importers.run_store import stable_hash
 from audit.warehouse import open_warehouse
 from tests.helpers import copy_store_run, property_examples
-
-
-@pytest.fixture
-def imported(server, tmp_path):
-    """A copy of the reference store and a warehouse that imported it."""
-    store = tmp_path / "store.db"
-    shutil.copy(server["backend"], store)
-    db = tmp_path / "w.duckdb"
-    with open_warehouse(db) as wh:
-        import_mlflow(wh, f"sqlite:///{store}")
-    return store, db
 
 
 def _both_ways(store, db) -> tuple[pl.DataFrame, pl.DataFrame, int]:

@@ -31,17 +31,6 @@ _IMPORT_TIMES = {"runs": "imported_at", "search_runs": "imported_at"}
 _IMPORT_LOGS = {"import_log", "sources", "audit_meta", "file_imports"}
 
 
-@pytest.fixture
-def imported(server, tmp_path):
-    """A copy of the reference store and a warehouse that imported it."""
-    store = tmp_path / "store.db"
-    shutil.copy(server["backend"], store)
-    db = tmp_path / "w.duckdb"
-    with open_warehouse(db) as wh:
-        import_mlflow(wh, f"sqlite:///{store}")
-    return store, db
-
-
 def _tables(db) -> dict[str, list[tuple]]:
     """Every table's rows, sorted, without what records when an import ran."""
     con = duckdb.connect(str(db), read_only=True)
@@ -71,6 +60,15 @@ def _tables(db) -> dict[str, list[tuple]]:
         return out
     finally:
         con.close()
+
+
+def _as_a_full_import(store, db, tmp_path) -> bool:
+    """Whether ``db`` holds every table as a full import of ``store`` writes it."""
+    fresh = tmp_path / "fresh.duckdb"
+    fresh.unlink(missing_ok=True)
+    with open_warehouse(fresh) as wh:
+        import_mlflow(wh, f"sqlite:///{store}")
+    return _tables(db) == _tables(fresh)
 
 
 def _new_runs(store, count: int) -> list[str]:
@@ -115,10 +113,7 @@ def test_new_runs_are_read_ahead_and_written_as_a_full_import_writes_them(import
     with open_warehouse(db) as wh:
         summary = import_mlflow(wh, f"sqlite:///{store}")
     assert (summary.runs_written, summary.runs_unchanged) == (2, 6)
-    fresh = tmp_path / "fresh.duckdb"
-    with open_warehouse(fresh) as wh:
-        import_mlflow(wh, f"sqlite:///{store}")
-    assert _tables(db) == _tables(fresh)
+    assert _as_a_full_import(store, db, tmp_path)
     assert not _reader_threads()
 
 
@@ -207,11 +202,7 @@ def test_an_incremental_import_writes_what_a_full_import_writes(
     _new_runs(store, new_runs)
     with open_warehouse(db) as wh:
         import_mlflow(wh, f"sqlite:///{store}")
-    fresh = tmp_path / "fresh.duckdb"
-    fresh.unlink(missing_ok=True)
-    with open_warehouse(fresh) as wh:
-        import_mlflow(wh, f"sqlite:///{store}")
-    assert _tables(db) == _tables(fresh)
+    assert _as_a_full_import(store, db, tmp_path)
     assert not _reader_threads()
 
 
@@ -301,7 +292,4 @@ def test_details_read_ahead_of_a_failed_proof_are_not_written(imported, tmp_path
     monkeypatch.undo()
     with open_warehouse(db) as wh:
         import_mlflow(wh, f"sqlite:///{store}")
-    fresh = tmp_path / "fresh.duckdb"
-    with open_warehouse(fresh) as wh:
-        import_mlflow(wh, f"sqlite:///{store}")
-    assert _tables(db) == _tables(fresh)
+    assert _as_a_full_import(store, db, tmp_path)
