@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from audit.config import Config
 from audit.errors import InputError
+from audit.heap import long_lived
 from audit.windows import Window
 
 if TYPE_CHECKING:
@@ -324,7 +325,8 @@ class RuleContext:
 
     def once(self, key: tuple, compute):
         if key not in self.shared:
-            self.shared[key] = compute()
+            with long_lived():
+                self.shared[key] = compute()
         return self.shared[key]
 
     def rows(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from functools import cached_property
 import polars as pl
 
 from audit.costs import Cost, Facts, JobFacts, RunFacts
+from audit.heap import long_lived
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
 from audit.windows import Window, started_in
 
@@ -160,7 +161,8 @@ class UsageIndex:
     def allocations(self) -> list[Allocation]:
         """Jobs' allocations by start, then runs' by start (each as ``Facts`` orders them)."""
         if self._allocations is None:
-            self._allocations = self._build_allocations()
+            with long_lived():
+                self._allocations = self._build_allocations()
             jobs = [a for a in self._allocations if a.kind == "job"]
             runs = self._allocations[len(jobs) :]
             self._by_kind = [(part, [a.start for a in part]) for part in (jobs, runs)]
@@ -249,7 +251,8 @@ class UsageIndex:
         its week's and the next scan of the same process reuses them."""
         allocations = [a for a in wanted if a.key not in self._usage]
         if allocations:
-            self._usage.update(self._compute(allocations))
+            with long_lived():
+                self._usage.update(self._compute(allocations))
         return self._usage
 
     def _compute(self, allocations: list[Allocation]) -> dict[str, Usage]:
@@ -357,6 +360,10 @@ def _allocations_counted(group: list[tuple[Allocation, Usage, str]]) -> str:
     return " and ".join(parts)
 
 
+# the fields of ``gpu_usage``'s per-GPU rows
+KEY, SOURCE, HOST, GPU, UTIL, MEM, MEM_TOTAL, SAMPLES, MODEL = range(9)
+
+
 def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
     """Per window (key, cluster, job_id, gpus, start, end): the activity of the job's GPUs
     from samples of its hosts, telemetry first, else the tracker's system metrics.
@@ -382,8 +389,8 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
     con.register("audit_windows", frame)
     try:
         with materialised(con, "audit_window_hours", window_hours("audit_windows")) as hours:
-            per_gpu = _rows(
-                con,
+            # tuples, not dicts: 100,000s of rows at L (their fields: KEY .. MODEL)
+            per_gpu = con.execute(
                 f"""
                 SELECT w.key, CASE WHEN list_contains(?, s.origin) THEN 'tracker' ELSE 'telemetry' END AS source,
                        s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
@@ -396,7 +403,7 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
                 GROUP BY ALL ORDER BY w.key, source DESC, s.host, s.gpu
                 """,
                 [list(TRACKER_ORIGINS)],
-            )
+            ).fetchall()
         shared = {
             r["key"]
             for r in _rows(
@@ -420,9 +427,9 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
         }
     finally:
         con.unregister("audit_windows")
-    by_key: dict[str, dict[str, list[dict]]] = {}
+    by_key: dict[str, dict[str, list[tuple]]] = {}
     for row in per_gpu:
-        by_key.setdefault(row["key"], {}).setdefault(row["source"], []).append(row)
+        by_key.setdefault(row[KEY], {}).setdefault(row[SOURCE], []).append(row)
     out = {}
     for w in windows:
         sources = by_key.get(w["key"], {})
@@ -444,7 +451,7 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
                 source,
                 w["gpus"],
                 hosts=host_list,
-                samples=sum(r["samples"] for r in rows),
+                samples=sum(r[SAMPLES] for r in rows),
                 why=(
                     f"ambiguous: another job shared its hosts ({', '.join(host_list)}) and "
                     "the telemetry cannot tell the jobs' GPUs apart"
@@ -455,22 +462,17 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
                 ),
             )
             continue
-        chosen = sorted(rows, key=lambda r: (-(r["util"] or 0), r["host"], r["gpu"]))[: w["gpus"]]
+        chosen = sorted(rows, key=lambda r: (-(r[UTIL] or 0), r[HOST], r[GPU]))[: w["gpus"]]
         activity = sorted(
             (
                 GpuActivity(
-                    r["host"],
-                    r["gpu"],
-                    float(r["util"] or 0.0),
-                    r["mem"],
-                    r["mem_total"],
-                    r["samples"],
+                    r[HOST], r[GPU], float(r[UTIL] or 0.0), r[MEM], r[MEM_TOTAL], r[SAMPLES]
                 )
                 for r in chosen
             ),
             key=lambda g: (g.host, g.gpu),
         )
-        out[w["key"]] = _from_activity(source, w["gpus"], activity, host_list, rows[0]["model"])
+        out[w["key"]] = _from_activity(source, w["gpus"], activity, host_list, rows[0][MODEL])
     return out
 
 

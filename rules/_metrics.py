@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sys import intern
+
 from audit.rule_api import RuleContext
 
 TRAINING_METHODS_EXCLUDED = ("eval", "evaluation", "inference", "baseline")
@@ -48,10 +50,13 @@ def lookalike_metrics(
         (row["key"], row["runs"])
         for row in ctx.rows(
             """
-            SELECT key, count(*) AS runs FROM latest_metrics
+            WITH keys AS (  -- each name tested once: 3 M rows hold a few hundred names
+                SELECT key, count(*) AS runs FROM latest_metrics GROUP BY key
+            )
+            SELECT key, runs FROM keys
             WHERE list_has_any(regexp_split_to_array(lower(key), '[^a-z0-9]+'), ?)
                OR list_bool_or([contains(lower(key), s) for s in ?])
-            GROUP BY key ORDER BY runs DESC, key LIMIT ?
+            ORDER BY runs DESC, key LIMIT ?
             """,
             [list(words), list(substrings) or ["\x00"], limit],
         )
@@ -91,13 +96,18 @@ def general_values(ctx: RuleContext) -> dict[tuple[str, str], dict[str, float]]:
 
     def load() -> dict[tuple[str, str], dict[str, float]]:
         condition, globs = glob_sql(ctx, "general")
-        values: dict[tuple[str, str], dict[str, float]] = {}
-        key_of, text = ctx.facts.key_of, ctx.facts.text
-        for source_id, run_id, key, value in ctx.con.execute(
-            f"SELECT source_id, run_id, key, value FROM latest_metrics WHERE {condition}", globs
-        ).fetchall():
-            values.setdefault(key_of(source_id, run_id), {})[text(key)] = value
-        return values
+        key_of = ctx.facts.key_of
+        # a list per run, made a dict in C (a Python step per value cost 0.8 s at L)
+        return {
+            key_of(source_id, run_id): dict(zip(map(intern, keys), values, strict=True))
+            for source_id, run_id, keys, values in ctx.con.execute(
+                f"""
+                SELECT source_id, run_id, list(key), list(value) FROM latest_metrics
+                WHERE {condition} GROUP BY ALL
+                """,
+                globs,
+            ).fetchall()
+        }
 
     return ctx.once(("general values", tuple(ctx.metric_globs("general"))), load)
 

@@ -65,7 +65,6 @@ class IdleTail(Rule):
             ):
                 continue
             tails.append(run)
-        job_gpus = {(j.cluster, j.job_id): j.gpus for j in ctx.facts.jobs}
         usage = gpu_usage(
             ctx.con,
             [
@@ -73,7 +72,7 @@ class IdleTail(Rule):
                     "key": r.run_id,
                     "cluster": r.cluster,
                     "job_id": r.job_id,
-                    "gpus": job_gpus[(r.cluster, r.job_id)],
+                    "gpus": ctx.facts.job(r.cluster, r.job_id).gpus,
                     "start": r.end_time,
                     "end": r.job_end,
                 }
@@ -88,7 +87,7 @@ class IdleTail(Rule):
             if use.mean_util > t["max_util_pct"]:
                 continue
             hours = hours_between(run.end_time, run.job_end)
-            gpus = job_gpus[(run.cluster, run.job_id)]
+            gpus = ctx.facts.job(run.cluster, run.job_id).gpus
             gpu_hours = gpus * hours
             yield self.finding(
                 subject={

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -44,6 +43,30 @@ def scan_document(result, summary) -> dict:
         "summary": summary,
         "findings": [f.as_json() for f in result.findings],
     }
+
+
+def json_chunks(document: dict):
+    """The scan document as indented JSON with one finding per line.
+
+    ``json`` encodes indented output in Python and compact output in C: with every finding
+    indented, the JSON of 8,444 findings took 1.7 s of a 30 s scan at size L; one compact
+    line per finding takes a tenth of that, and each finding stays one line to grep.
+    """
+    yield "{\n"
+    for index, (key, value) in enumerate(document.items()):
+        yield f"  {json.dumps(key)}: "
+        if key == "findings":
+            yield "[" if value else "[]"
+            for number, finding in enumerate(value):
+                yield ",\n    " if number else "\n    "
+                yield json.dumps(finding, default=str)
+            if value:
+                yield "\n  ]"
+        else:
+            # a raw newline in indented JSON is layout: strings carry theirs escaped
+            yield json.dumps(value, indent=2, default=str).replace("\n", "\n  ")
+        yield ",\n" if index < len(document) - 1 else "\n"
+    yield "}\n"
 
 
 def render_table(result, summary, top: int = 10) -> str:
@@ -260,14 +283,13 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
             html = render_html(build_report(wh, config, window, weekly=False, result=result))
     document = scan_document(result, summary)
     if fmt == "json" and output:
-        # streamed: the pretty JSON of 100,000s of findings is never held whole
-        chunks = json.JSONEncoder(indent=2, default=str).iterencode(document)
-        atomic.write_text_chunks(output, itertools.chain(chunks, ["\n"]))
+        # streamed: the JSON of 100,000s of findings is never held whole
+        atomic.write_text_chunks(output, json_chunks(document))
     else:
         if fmt == "html":
             text = html
         elif fmt == "json":
-            text = json.dumps(document, indent=2, default=str) + "\n"
+            text = "".join(json_chunks(document))
         elif fmt == "md":
             text = render_markdown(result, summary)
         else:
