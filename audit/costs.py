@@ -278,42 +278,55 @@ class Facts:
         pool = _TextPool()
         same = pool.same
         price_of = _PriceMemo(config)
-        values = _run_values(
-            con,
-            sorted(
-                {
-                    *method_keys,
-                    *base_model_keys,
-                    *team_tag,
-                    *type_keys,
-                    *(part for key in count_keys for part in key.split("*")),
-                }
-            ),
+        # every key read below, each a column of the runs' query (param before tag)
+        keys = sorted(
+            {
+                *method_keys,
+                *base_model_keys,
+                *team_tag,
+                *type_keys,
+                *(part for key in count_keys for part in key.split("*")),
+            }
         )
+        column = {key: f"k{index}" for index, key in enumerate(keys)}
         host_models = dict(
             con.execute(
                 "SELECT host, min(model) FROM gpu_samples WHERE model IS NOT NULL GROUP BY host"
             ).fetchall()
         )
         # Facts are built straight from the rows' tuples: 200,000 dicts of rows, read by
-        # name, cost more than a second of every scan at 100,000 runs and jobs.
+        # name, cost more than a second of every scan at 100,000 runs and jobs. RunFacts
+        # and JobFacts take their fields by position, in declaration order: by keyword,
+        # each object costs 2.5 µs more (0.5 s at 100,000 runs and jobs).
         jobs: list[JobFacts] = []
         # per job: its facts, the allocation's card type and its hosts' card model
         jobs_by_key: dict[tuple, tuple[JobFacts, str | None, str | None]] = {}
         job_rows = con.execute(
             f"""
-            SELECT cluster, job_id, name, user_name, account, partition, state, submit_time,
+            SELECT j.cluster, j.job_id, name, user_name, account, partition, state, submit_time,
                    start_time, end_time, elapsed_s, timelimit_s, gpus, gpu_type,
                    {", ".join(JOB_EXTRA_COLUMNS)},
-                   (SELECT list(n.host ORDER BY n.host) FROM job_nodes n
-                    WHERE n.cluster = j.cluster AND n.job_id = j.job_id) AS hosts
-            FROM jobs j ORDER BY j.start_time NULLS LAST, j.cluster, j.job_id
+                   -- a job on one node (most) gets its host as text: DuckDB makes a Python
+                   -- list of a LIST value slowly (0.45 s for 100,000 one-host lists)
+                   CASE WHEN n.hosts = 1 THEN n.first_host END AS only_host,
+                   CASE WHEN n.hosts > 1 THEN n.all_hosts END AS hosts
+            FROM jobs j
+            LEFT JOIN (
+                SELECT cluster, job_id, count(*) AS hosts, min(host) AS first_host,
+                       list(host ORDER BY host) AS all_hosts
+                FROM job_nodes GROUP BY ALL
+            ) n ON n.cluster = j.cluster AND n.job_id = j.job_id
+            ORDER BY j.start_time NULLS LAST, j.cluster, j.job_id
             """
         ).fetchall()
         for row in job_rows:
             cluster, job_id, name, user_name, account, partition, state, submit_time = row[:8]
             start_time, end_time, elapsed, timelimit_s, gpus, allocated_type = row[8:14]
-            extras, hosts = row[14:-1], [same(host, host) for host in row[-1] or ()]
+            extras, only_host, all_hosts = row[14:-2], row[-2], row[-1]
+            if only_host is not None:
+                hosts = [same(only_host, only_host)]
+            else:
+                hosts = [same(host, host) for host in all_hosts or ()]
             allocated_type = same(allocated_type, allocated_type)
             host_model = _host_model(hosts, host_models)
             gpu_type = allocated_type or host_model
@@ -321,27 +334,27 @@ class Facts:
             hours = elapsed / HOUR if elapsed is not None else hours_between(start_time, end_time)
             jobs.append(
                 JobFacts(
-                    cluster=same(cluster, cluster),
-                    job_id=job_id,
-                    name=name,
-                    user_name=same(user_name, user_name),
-                    account=same(account, account),
-                    partition=same(partition, partition),
-                    state=same(state, state),
-                    submit_time=submit_time,
-                    start_time=start_time,
-                    end_time=end_time,
-                    elapsed_s=elapsed,
-                    timelimit_s=timelimit_s,
-                    gpus=gpus or 0,
-                    gpu_type=gpu_type,
-                    hosts=hosts,
-                    run_ids=[],
-                    team=None,
-                    team_source=None,
-                    method=None,
-                    base_model=None,
-                    cost=Cost(
+                    same(cluster, cluster),
+                    job_id,
+                    name,
+                    same(user_name, user_name),
+                    same(account, account),
+                    same(partition, partition),
+                    same(state, state),
+                    submit_time,
+                    start_time,
+                    end_time,
+                    elapsed,
+                    timelimit_s,
+                    gpus or 0,
+                    gpu_type,
+                    hosts,
+                    [],  # run_ids, then team, team_source, method, base_model: from runs
+                    None,
+                    None,
+                    None,
+                    None,
+                    Cost(
                         "slurm",
                         float(gpus or 0),
                         gpu_type,
@@ -350,18 +363,29 @@ class Facts:
                         price_key,
                         f"Slurm job {job_id}",
                     ),
-                    extra=dict(zip(JOB_EXTRA_COLUMNS, extras, strict=True)),
+                    dict(zip(JOB_EXTRA_COLUMNS, extras, strict=True)),  # extra
                 )
             )
             jobs_by_key[(jobs[-1].cluster, job_id)] = (jobs[-1], allocated_type, host_model)
         del job_rows
         runs: list[RunFacts] = []
         by_key: dict[tuple[str, str], RunFacts] = {}
-        no_values: dict = {}
         no_job = (None, None, None)
+        count_parts = sorted({part for key in count_keys for part in key.split("*")})
         run_rows = con.execute(
-            r"""
-            WITH links AS (
+            rf"""
+            WITH attributes AS (  -- one row per run, one column per key: its param, else tag
+                SELECT source_id, run_id,
+                       {", ".join(f"first(value ORDER BY pos) FILTER (WHERE key = ?) AS {column[k]}" for k in keys)}
+                FROM (
+                    SELECT source_id, run_id, key, value, 0 AS pos FROM params
+                    WHERE list_contains(?, key)
+                    UNION ALL
+                    SELECT source_id, run_id, key, value, 1 FROM tags WHERE list_contains(?, key)
+                )
+                GROUP BY ALL
+            ),
+            links AS (
                 SELECT source_id, run_id, min_by(cluster, job_id) AS cluster, min(job_id) AS job_id
                 FROM run_jobs GROUP BY ALL
             ),
@@ -380,7 +404,10 @@ class Facts:
                    coalesce(nullif(r.source_name, ''), src.value) AS entry_point,
                    parent.value AS parent_run_id, l.cluster, l.job_id,
                    greatest(s.last_metric, g.last_sample) AS last_metric,
-                   greatest(coalesce(s.system_gpus, 0), coalesce(g.gpus, 0)) AS system_gpus
+                   greatest(coalesce(s.system_gpus, 0), coalesce(g.gpus, 0)) AS system_gpus,
+                   {_first_set(type_keys, column)}, {_first_set(team_tag, column)},
+                   {_first_set(method_keys, column)}, {_first_set(base_model_keys, column)}
+                   {"".join(f", a.{column[part]}" for part in count_parts)}
             FROM runs r
             LEFT JOIN experiments e ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id
             LEFT JOIN tags src ON src.source_id = r.source_id AND src.run_id = r.run_id
@@ -390,60 +417,66 @@ class Facts:
             LEFT JOIN links l ON l.source_id = r.source_id AND l.run_id = r.run_id
             LEFT JOIN seen s ON s.source_id = r.source_id AND s.run_id = r.run_id
             LEFT JOIN sampled g ON g.source_id = r.source_id AND g.run_id = r.run_id
+            LEFT JOIN attributes a ON a.source_id = r.source_id AND a.run_id = r.run_id
             ORDER BY r.start_time NULLS LAST, r.source_id, r.run_id
-            """
+            """,
+            [*keys, keys, keys],
         ).fetchall()
         for row in run_rows:
             source_id, run_id, name, status, lifecycle_stage, start_time, end_time = row[:7]
             user_id, experiment_id, experiment, entry_point, parent_run_id = row[7:12]
-            cluster, job_id, last_metric, system_gpus = row[12:]
+            cluster, job_id, last_metric, system_gpus = row[12:16]
+            type_value, team_tag_value, method, base_model = row[16:20]
             source_id = same(source_id, source_id)
-            mine = values.get((source_id, run_id), no_values)
             job, allocated_type, host_model = (
                 jobs_by_key.get((cluster, job_id), no_job) if job_id else no_job
             )
             last_seen = end_time or last_metric
-            type_value = _first(mine, type_keys)
             gpu_type = allocated_type or same(type_value, type_value) or default_type or host_model
             price, price_key = price_of(gpu_type)
             wall = hours_between(start_time, last_seen)
             cost = _run_cost(
-                job, mine, count_keys, default_gpus, wall, system_gpus, gpu_type, price, price_key
+                job,
+                dict(zip(count_parts, row[20:], strict=True)),
+                count_keys,
+                default_gpus,
+                wall,
+                system_gpus,
+                gpu_type,
+                price,
+                price_key,
             )
             user_id = same(user_id, user_id)
-            team_tag_value = _first(mine, team_tag)
             team, team_source = team_of(
                 order,
                 same(team_tag_value, team_tag_value),
                 job and job.account,
                 user_id or (job and job.user_name),
             )
-            method = _first(mine, method_keys)
-            base_model = _first(mine, base_model_keys)
             fact = RunFacts(
-                source_id=source_id,
-                run_id=run_id,
-                name=name,
-                status=same(status, status),
-                lifecycle_stage=same(lifecycle_stage, lifecycle_stage),
-                start_time=start_time,
-                end_time=end_time,
-                last_seen=last_seen,
-                user_id=user_id,
-                experiment_id=same(experiment_id, experiment_id),
-                experiment=same(experiment, experiment),
-                entry_point=same(entry_point, entry_point),
-                parent_run_id=parent_run_id,
-                team=team,
-                team_source=team_source,
-                method=same(lower := method.lower(), lower) if method else None,
-                base_model=same(base_model, base_model),
-                cluster=same(cluster, cluster),
-                job_id=job_id,
-                job_start=job and job.start_time,
-                job_end=job and job.end_time,
-                job_state=job and job.state,
-                cost=cost,
+                source_id,
+                run_id,
+                name,
+                same(status, status),
+                same(lifecycle_stage, lifecycle_stage),
+                start_time,
+                end_time,
+                last_seen,
+                user_id,
+                same(experiment_id, experiment_id),
+                same(experiment, experiment),
+                same(entry_point, entry_point),
+                parent_run_id,
+                team,
+                team_source,
+                same(lower := method.lower(), lower) if method else None,
+                same(base_model, base_model),
+                same(cluster, cluster),
+                job_id,
+                job and job.start_time,
+                job and job.end_time,
+                job and job.state,
+                cost,
             )
             runs.append(fact)
             by_key[(source_id, run_id)] = fact
@@ -567,15 +600,12 @@ def _positive_count(text: str | None) -> float | None:
     return number
 
 
-def _first(found: dict[str, str] | None, keys: list[str]) -> str | None:
-    """The value of the first of ``keys`` that is set (params before tags)."""
-    if not found:
-        return None
-    for key in keys:
-        value = found.get(key)
-        if value not in (None, ""):
-            return value
-    return None
+def _first_set(keys: list[str], column: dict[str, str]) -> str:
+    """SQL: the value of the first of ``keys`` that is set (not NULL, not empty)."""
+    if not keys:
+        return "NULL"
+    values = ", ".join(f"nullif(a.{column[key]}, '')" for key in keys)
+    return f"coalesce({values}, NULL)"
 
 
 class _PriceMemo:
@@ -598,34 +628,6 @@ def _host_model(hosts: list[str], host_models: dict[str, str]) -> str | None:
         if host in host_models:
             return host_models[host]
     return None
-
-
-def _run_values(con, keys: list[str]) -> dict[tuple, dict[str, str | None]]:
-    """Per run, the value of each of ``keys`` it has: its param's, else its tag's (a param
-    set by the training code wins over a tag set later by hand, even an empty one)."""
-    out: dict[tuple, dict[str, str | None]] = {}
-    if not keys:
-        return out
-    rows = con.execute(
-        """
-        SELECT source_id, run_id, list(key), list(value)
-        FROM (
-            SELECT source_id, run_id, key, first(value ORDER BY pos) AS value
-            FROM (
-                SELECT source_id, run_id, key, value, 0 AS pos FROM params
-                WHERE list_contains(?, key)
-                UNION ALL
-                SELECT source_id, run_id, key, value, 1 FROM tags WHERE list_contains(?, key)
-            )
-            GROUP BY ALL
-        )
-        GROUP BY ALL
-        """,
-        [keys, keys],
-    ).fetchall()
-    for source_id, run_id, run_keys, values in rows:
-        out[(source_id, run_id)] = dict(zip(run_keys, values, strict=True))
-    return out
 
 
 class _TextPool:

@@ -62,6 +62,7 @@ class Recipes:
         tag = config.values["attribution"]["baseline_tag"]
         flagged = {k for k, v in values.items() if str(v.get(tag, "")).lower() == "true"}
         self.baseline_keys = flagged
+        self._eval_methods = frozenset(config.values["attribution"]["eval_methods"])
         # the metric names each kind's globs match, tested once per name, not per run
         names = set().union(*latest.values())
         self._names_of_kind = {
@@ -148,6 +149,10 @@ class Recipes:
 
     def is_baseline(self, run: RunFacts) -> bool:
         return run.key in self.baseline_keys
+
+    def is_training(self, run: RunFacts) -> bool:
+        """Not an evaluation run (``[attribution] eval_methods``) and not a baseline."""
+        return (run.method or "") not in self._eval_methods and run.key not in self.baseline_keys
 
     def baseline_of(self, run: RunFacts) -> RunFacts | None:
         return self.baselines.get(run.base_model) if run.base_model else None

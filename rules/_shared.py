@@ -30,9 +30,3 @@ def regressed_runs(ctx: RuleContext) -> dict[tuple, dict[str, float]]:
         return out
 
     return ctx.once(("regressed-runs",), compute)
-
-
-def is_training(ctx: RuleContext, run) -> bool:
-    """Not an evaluation run (``[attribution] eval_methods``) and not a baseline."""
-    eval_methods = set(ctx.config.values["attribution"]["eval_methods"])
-    return (run.method or "") not in eval_methods and not recipes(ctx).is_baseline(run)

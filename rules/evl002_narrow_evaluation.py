@@ -4,7 +4,7 @@ from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
 from audit.windows import iso_week
 
 from ._metrics import general_values
-from ._shared import is_training
+from ._shared import recipes
 
 
 class NarrowEvaluation(Rule):
@@ -39,7 +39,7 @@ class NarrowEvaluation(Rule):
     name = "narrow-evaluation"
     severity = Severity.LOW
     family_label = "evaluation cost"
-    reads_shared = frozenset({"facts", "general values"})
+    reads_shared = frozenset({"facts", "general values", "recipes"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "min_general_benchmarks": Threshold(
@@ -60,13 +60,14 @@ class NarrowEvaluation(Rule):
             )
         minimum = int(ctx.thresholds["min_general_benchmarks"])
         groups: dict[tuple, list] = {}
+        is_training = recipes(ctx).is_training
         for run in ctx.facts.runs_in(ctx.window):
             n = counts.get(run.key, 0)
             if (
                 not 0 < n < minimum
                 or run.status != "FINISHED"
                 or run.lifecycle_stage != "active"
-                or not is_training(ctx, run)
+                or not is_training(run)
             ):
                 continue
             week = iso_week(run.start_time, ctx.config.timezone)

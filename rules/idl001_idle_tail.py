@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from audit.costs import hours_between
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.usage import gpu_usage
@@ -56,12 +58,17 @@ class IdleTail(Rule):
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
         tails = []
+        # compared as timedeltas: every run with a job is looked at in every week's scan
+        min_tail = timedelta(minutes=t["min_tail_minutes"])
+        no_tail = timedelta(0)
         for run in ctx.facts.runs:
-            if run.job_id is None or run.end_time is None or run.job_end is None:
-                continue
-            tail = hours_between(run.end_time, run.job_end)
-            if tail * 60 < t["min_tail_minutes"] or not ctx.window.overlaps(
-                run.end_time, run.job_end
+            end, job_end = run.end_time, run.job_end
+            if (
+                run.job_id is None
+                or end is None
+                or job_end is None
+                or max(job_end - end, no_tail) < min_tail
+                or not ctx.window.overlaps(end, job_end)
             ):
                 continue
             tails.append(run)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._shared import is_training, recipes, regressed_runs
+from ._shared import recipes, regressed_runs
 from ._stability import unstable_runs
 
 BAD_JOB_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
@@ -93,7 +93,7 @@ class NoPilotRun(Rule):
             if (
                 run.start_time is None
                 or run.lifecycle_stage != "active"
-                or not is_training(ctx, run)
+                or not found.is_training(run)
             ):
                 continue
             cost = run.cost
@@ -182,6 +182,6 @@ def _families(ctx: RuleContext, found) -> dict[tuple, list]:
     """Active training runs by recipe family, over all history (the same for every window)."""
     families: dict[tuple, list] = {}
     for run in ctx.facts.runs:
-        if run.lifecycle_stage == "active" and is_training(ctx, run):
+        if run.lifecycle_stage == "active" and found.is_training(run):
             families.setdefault(tuple(sorted(found.family(run).items())), []).append(run)
     return families

@@ -4,7 +4,7 @@ from audit.recipes import red_line_tolerance
 from audit.rule_api import Rule, RuleContext, Severity, Skip
 
 from ._metrics import cost_after_crossing, lookalike_metrics
-from ._shared import is_training, recipes
+from ._shared import recipes
 
 # Words of metric names that look like red-line benchmarks: named when the globs match nothing.
 RED_LINE_WORDS = (
@@ -82,7 +82,7 @@ class RedLineDrop(Rule):
         unjudged: dict[str | None, list] = {}
         for run in ctx.facts.runs_in(ctx.window):
             values = found.values(run, "red_lines")
-            if not values or run.lifecycle_stage != "active" or not is_training(ctx, run):
+            if not values or run.lifecycle_stage != "active" or not found.is_training(run):
                 continue
             baseline = found.baseline_of(run)
             reference = found.values(baseline, "red_lines") if baseline else {}

@@ -4,7 +4,7 @@ from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.windows import iso_week
 
 from ._metrics import runs_with_learning_rate
-from ._shared import is_training
+from ._shared import recipes
 
 
 class SamplingSourceNotRecorded(Rule):
@@ -61,10 +61,11 @@ class SamplingSourceNotRecorded(Rule):
         }
         distillation = set(attribution["distillation_methods"])
         groups: dict[tuple, list] = {}
+        is_training = recipes(ctx).is_training
         for run in ctx.facts.runs_in(ctx.window):
             if (
                 run.lifecycle_stage != "active"
-                or not is_training(ctx, run)
+                or not is_training(run)
                 or (run.run_hours or 0) * 60 < ctx.thresholds["min_run_minutes"]
                 or (run.method is None and run.key not in with_lr)
             ):
