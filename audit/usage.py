@@ -267,6 +267,7 @@ class UsageIndex:
                     "gpus": a.gpus,
                     "start": a.start,
                     "end": a.end,
+                    "hosts": a.job.hosts,
                 }
                 for a in jobs
             ],
@@ -365,8 +366,9 @@ KEY, SOURCE, HOST, GPU, UTIL, MEM, MEM_TOTAL, SAMPLES, MODEL = range(9)
 
 
 def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
-    """Per window (key, cluster, job_id, gpus, start, end): the activity of the job's GPUs
-    from samples of its hosts, telemetry first, else the tracker's system metrics.
+    """Per window (key, cluster, job_id, gpus, start, end, hosts: the job's, sorted): the
+    activity of the job's GPUs from samples of its hosts, telemetry first, else the
+    tracker's system metrics.
 
     Telemetry is per host; a job owns the samples of its hosts inside its allocation when
     no other job ran on the same host at the same time (else: ``ambiguous``). When a job
@@ -375,8 +377,8 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
     """
     if not windows:
         return {}
-    frame = pl.DataFrame(
-        [{k: w[k] for k in ("key", "cluster", "job_id", "gpus", "start", "end")} for w in windows],
+    frame = pl.DataFrame(  # by column: a dict per row cost 0.3 s at 100,000 windows
+        {k: [w[k] for w in windows] for k in ("key", "cluster", "job_id", "gpus", "start", "end")},
         schema={
             "key": pl.String,
             "cluster": pl.String,
@@ -417,14 +419,6 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
                 """,
             )
         }
-        hosts = {
-            r["key"]: r["hosts"]
-            for r in _rows(
-                con,
-                "SELECT w.key, list(n.host ORDER BY n.host) AS hosts FROM audit_windows w "
-                "JOIN job_nodes n ON n.cluster = w.cluster AND n.job_id = w.job_id GROUP BY w.key",
-            )
-        }
     finally:
         con.unregister("audit_windows")
     by_key: dict[str, dict[str, list[tuple]]] = {}
@@ -433,7 +427,7 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
     out = {}
     for w in windows:
         sources = by_key.get(w["key"], {})
-        host_list = hosts.get(w["key"], [])
+        host_list = w["hosts"]
         source = "telemetry" if "telemetry" in sources else "tracker"
         rows = sources.get(source, [])
         if not rows:

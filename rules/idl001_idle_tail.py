@@ -80,6 +80,7 @@ class IdleTail(Rule):
                     "cluster": r.cluster,
                     "job_id": r.job_id,
                     "gpus": ctx.facts.job(r.cluster, r.job_id).gpus,
+                    "hosts": ctx.facts.job(r.cluster, r.job_id).hosts,
                     "start": r.end_time,
                     "end": r.job_end,
                 }

@@ -48,8 +48,9 @@ def _leftovers(folder: Path) -> list[str]:
     ("args", "limit"),
     [
         (("report", "weekly", "--week", "2026-W47", "--output"), 16_000),  # ~100 KB of HTML
-        # ~48 KB of JSON; the stored scan's ~40 KB of warehouse log is written first
-        (("scan", "--format", "json", "--output"), 44_000),
+        # ~180 KB of HTML; the stored scan's ~42 KB of warehouse log is written first (the
+        # JSON, ~37 KB, is smaller than that log: its streamed writer is tested below)
+        (("scan", "--format", "html", "--output"), 60_000),
         (("prune", "--plan"), 4_000),  # ~10 KB plan
     ],
     ids=["report", "scan", "plan"],
@@ -72,6 +73,45 @@ def test_a_write_stopped_by_a_full_disk_leaves_the_previous_file(
     )
     assert out.read_text() == PREVIOUS
     assert _leftovers(out.parent) == []
+
+
+# The scan's JSON writer in a process of its own: ~110 KB of findings streamed to a file.
+_STREAMED_JSON = """
+import sys
+from pathlib import Path
+from audit.atomic import write_text_chunks
+from audit.cli.scan import json_chunks
+from audit.errors import InputError
+
+findings = [{"id": f"{i:016x}", "message": "x" * 100} for i in range(1000)]
+try:
+    write_text_chunks(Path(sys.argv[1]), json_chunks({"scan": {}, "summary": {}, "findings": findings}))
+except InputError as exc:
+    print(exc)
+"""
+
+
+def test_the_streamed_scan_json_stopped_by_a_full_disk_leaves_the_previous_file(tmp_path):
+    out = tmp_path / "out" / "scan.json"
+    out.parent.mkdir()
+    out.write_text(PREVIOUS)
+    result = subprocess.run(
+        [sys.executable, "-c", _STREAMED_JSON, str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        preexec_fn=_limited(40_000),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"cannot write {out}: File too large; the previous file, if any, is unchanged"
+    )
+    assert out.read_text() == PREVIOUS
+    assert _leftovers(out.parent) == []
+    unlimited = subprocess.run(
+        [sys.executable, "-c", _STREAMED_JSON, str(out)], capture_output=True, cwd=REPO
+    )
+    assert unlimited.returncode == 0 and out.stat().st_size > 100_000
 
 
 def test_a_warehouse_write_stopped_by_a_full_disk_is_an_input_error(fresh_demo_db):
