@@ -8,6 +8,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
+from functools import cached_property
 from typing import Any
 
 import polars as pl
@@ -45,8 +46,10 @@ class ScanResult:
     def until(self) -> datetime | None:
         return self.window.until
 
-    @property
+    @cached_property
     def findings(self) -> list[Finding]:
+        """Every finding, most costly first; sorted once (a scan reads them several times:
+        the summary, the document, ``--fail-on``; 0.2 s a time at 8,000 findings)."""
         return sorted(
             (f for r in self.results for f in r.findings),
             key=lambda f: (

@@ -3,8 +3,12 @@ string object per distinct text. Both are what keeps a scan of 1 M jobs under 8 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audit.costs import JOB_EXTRA_COLUMNS, Facts
 from audit.testing import at, build_warehouse
@@ -126,3 +130,83 @@ def test_gpu_type_and_attribution_follow_their_order(tmp_path):
     )
     assert (jobs["4"].run_ids, jobs["4"].team, jobs["4"].team_source) == ([], "infra", "account")
     assert (run["alone"].team, run["alone"].team_source) == (None, None)  # no tag, no job
+
+
+_KEYS = ["method", "training_method", "team", "gpu_type", "gpu_name", "num_gpus", "nproc_per_node", "nnodes"]  # fmt: skip
+_VALUES = st.sampled_from(["", "SFT", "rl", "8", "2", "0", "A100"])
+_RUNS = st.lists(
+    st.tuples(
+        st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=5),
+        st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=5),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def _expected(params: dict, tags: dict, config) -> tuple:
+    """The attribution and GPU evidence of a run without a job, by the rules as written:
+    per key its param, else its tag (an empty param still wins); the first key set."""
+    merged = {**tags, **params}
+
+    def first(keys):
+        return next((merged[k] for k in keys if merged.get(k) not in (None, "")), None)
+
+    cost = config.values["cost"]
+    attribution = config.values["attribution"]
+    method = first(attribution["method_keys"])
+    count = None
+    for key in cost["gpu_count_keys"]:
+        numbers = []
+        for part in key.split("*"):
+            try:
+                number = float(merged.get(part, "x"))
+            except ValueError:
+                break
+            if number <= 0 or number != int(number):
+                break
+            numbers.append(number)
+        else:
+            count = math.prod(numbers)
+            break
+    return (
+        method.lower() if method else None,
+        first(attribution["base_model_keys"]),
+        first([attribution["team_tag"]]),
+        first(cost["gpu_type_keys"]),
+        "params" if count is not None else "unknown",
+        count,
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(_RUNS)
+def test_run_attributes_are_each_keys_param_else_tag_the_first_set(tmp_path_factory, runs):
+    """``Facts.load`` picks these in SQL (one column per key); any params and tags over the
+    keys give what the written rule gives."""
+    data = {
+        "runs": [
+            {"run_id": f"r{i}", "start": i, "params": params, "tags": tags}
+            for i, (params, tags) in enumerate(runs)
+        ]
+    }
+    wh, config = build_warehouse(tmp_path_factory.mktemp("w") / "w.duckdb", data)
+    try:
+        facts = Facts.load(wh.con, config)
+        stored = {
+            table: {
+                (run_id, key): value
+                for run_id, key, value in wh.con.execute(
+                    f"SELECT run_id, key, value FROM {table}"
+                ).fetchall()
+            }
+            for table in ("params", "tags")
+        }
+    finally:
+        wh.close()
+    for run in facts.runs:
+        params = {k: v for (r, k), v in stored["params"].items() if r == run.run_id}
+        tags = {k: v for (r, k), v in stored["tags"].items() if r == run.run_id}
+        team = run.team if run.team_source == "tag" else None
+        got = (run.method, run.base_model, team, run.cost.gpu_type, run.cost.rung, run.cost.gpus)
+        assert got == _expected(params, tags, config), (params, tags)
