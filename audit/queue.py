@@ -46,7 +46,7 @@ def waits(facts: Facts, window: Window) -> list[Wait]:
     for job in facts.jobs_in(window):
         if job.gpus <= 0 or job.start_time is None:
             continue
-        eligible = job.extra.get("eligible_time")
+        eligible = job.eligible_time
         since, source = (eligible, "Eligible") if eligible else (job.submit_time, "Submit")
         if since is None:
             continue

@@ -565,10 +565,10 @@ def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
 
 
 def _sacct_usage(job: JobFacts) -> Usage | None:
-    util = job.extra.get("max_gpu_util_pct")
+    util = job.max_gpu_util_pct
     if util is None or not math.isfinite(util):
         return None
-    mem = job.extra.get("max_gpu_mem_bytes")
+    mem = job.max_gpu_mem_bytes
     return Usage(
         "ok",
         "sacct",
@@ -583,7 +583,7 @@ def _sacct_usage(job: JobFacts) -> Usage | None:
 
 
 def _jobstats_usage(job: JobFacts) -> Usage | None:
-    summary = parse_jobstats(job.extra.get("admin_comment"))
+    summary = parse_jobstats(job.admin_comment)
     if summary is None:
         return None
     activity = []

@@ -3,6 +3,7 @@ string object per distinct text. Both are what keeps a scan of 1 M jobs under 8 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -10,21 +11,19 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.costs import JOB_EXTRA_COLUMNS, Facts
+from audit.costs import JOB_EXTRA_COLUMNS, Facts, JobFacts
 from audit.testing import at, build_warehouse
 
 ROOT = Path(__file__).resolve().parents[1]
-# job.extra.get("eligible_time"), job.extra["admin_comment"]
-EXTRA_READ = re.compile(r"\.extra(?:\.get\(|\[)\s*[\"']([A-Za-z_]+)[\"']")
 
 
-def test_the_jobs_columns_kept_are_the_ones_read():
+def test_every_jobs_column_kept_is_read():
+    # a column kept but never read costs memory per job for nothing (one read but not
+    # kept is no silent None: JobFacts has slots, so reading it raises AttributeError)
     sources = [*(ROOT / "audit").rglob("*.py"), *(ROOT / "rules").rglob("*.py")]
-    read = {name for path in sources for name in EXTRA_READ.findall(path.read_text())}
-    # a column read but not kept would be None for every job, silently
-    assert sorted(read - set(JOB_EXTRA_COLUMNS)) == []
-    # a column kept but never read costs memory per job for nothing
-    assert sorted(set(JOB_EXTRA_COLUMNS) - read) == []
+    text = "\n".join(path.read_text() for path in sources if path.name != "costs.py")
+    unread = [name for name in JOB_EXTRA_COLUMNS if not re.search(rf"\bjob\.{name}\b", text)]
+    assert unread == []
 
 
 def test_jobs_keep_their_read_columns_and_runs_share_their_texts(tmp_path):
@@ -52,13 +51,16 @@ def test_jobs_keep_their_read_columns_and_runs_share_their_texts(tmp_path):
         facts = Facts.load(wh.con, config)
     finally:
         wh.close()
-    assert facts.job("default", "7").extra == {
+    kept = {name: getattr(facts.job("default", "7"), name) for name in JOB_EXTRA_COLUMNS}
+    assert kept == {
         "eligible_time": at(1),
         "max_gpu_util_pct": 41.5,
         "max_gpu_mem_bytes": 123,
         "admin_comment": "JS1:x",
     }
-    assert facts.job("default", "8").extra == dict.fromkeys(JOB_EXTRA_COLUMNS)
+    assert [getattr(facts.job("default", "8"), name) for name in JOB_EXTRA_COLUMNS] == [None] * len(
+        JOB_EXTRA_COLUMNS
+    )
     first, *others = facts.runs
     for other in others:
         for name in ("source_id", "experiment", "status", "user_id", "team"):
@@ -210,3 +212,9 @@ def test_run_attributes_are_each_keys_param_else_tag_the_first_set(tmp_path_fact
         team = run.team if run.team_source == "tag" else None
         got = (run.method, run.base_model, team, run.cost.gpu_type, run.cost.rung, run.cost.gpus)
         assert got == _expected(params, tags, config), (params, tags)
+
+
+def test_the_jobs_extra_columns_are_the_last_fields_of_job_facts_in_order():
+    """Facts.load passes a job's JOB_EXTRA_COLUMNS as JobFacts' last positional fields."""
+    names = [f.name for f in dataclasses.fields(JobFacts)]
+    assert names[-len(JOB_EXTRA_COLUMNS) :] == list(JOB_EXTRA_COLUMNS)
