@@ -16,7 +16,7 @@ import polars as pl
 from audit.config import Config
 from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
 from audit.rule_registry import all_rules, effective_thresholds
-from audit.warehouse.allocator import return_freed_memory
+from audit.warehouse.allocator import return_freed_memory, return_freed_memory_if_grown
 from audit.windows import Window
 
 
@@ -84,17 +84,22 @@ def run_rules(
     """
     results = []
     shared = {} if shared is None else shared
+    # whether a table has rows, asked by every rule's ``needs``: once per table and scan
+    # (22 rules ask for about ten tables; a report scans eight weeks)
+    has_rows: dict[str, bool] = {}
     for index, rule_class in enumerate(rules):
         if index:
             if keep is not None:
                 _drop_unread(shared, rules[index:], keep)
-            return_freed_memory(con)
+            return_freed_memory_if_grown(con)
         started = time.monotonic()
         thresholds = effective_thresholds(rule_class, config)
         ctx = RuleContext(
             con=con, config=config, thresholds=thresholds, window=window, shared=shared
         )
-        missing = [why for table, why in rule_class.needs.items() if not _has_rows(con, table)]
+        missing = [
+            why for table, why in rule_class.needs.items() if not _has_rows(con, table, has_rows)
+        ]
         if missing:
             results.append(RuleResult(rule_class.code, "skipped", "; ".join(missing)))
             continue
@@ -126,8 +131,10 @@ def _drop_unread(shared: dict, later: list[type[Rule]], keep: frozenset[str]) ->
         del shared[key]
 
 
-def _has_rows(con, table: str) -> bool:
-    return bool(con.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchall()[0][0])
+def _has_rows(con, table: str, known: dict[str, bool]) -> bool:
+    if table not in known:
+        known[table] = bool(con.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchall()[0][0])
+    return known[table]
 
 
 def apply_suppressions(con, config: Config, results: list[RuleResult]) -> None:

@@ -52,8 +52,8 @@ class NarrowEvaluation(Rule):
 
     def check(self, ctx: RuleContext):
         globs = ctx.metric_globs("general")
-        counts = {run: len(values) for run, values in general_values(ctx).items()}
-        if not counts:
+        values = general_values(ctx)  # counted per run in the window (each week of a report)
+        if not values:
             raise Skip(
                 f"no run logged a metric matching [metrics] general ({', '.join(globs) or 'none'}): "
                 "REG001 reports that; nothing to count"
@@ -62,7 +62,7 @@ class NarrowEvaluation(Rule):
         groups: dict[tuple, list] = {}
         is_training = recipes(ctx).is_training
         for run in ctx.facts.runs_in(ctx.window):
-            n = counts.get(run.key, 0)
+            n = len(values.get(run.key, ()))
             if (
                 not 0 < n < minimum
                 or run.status != "FINISHED"

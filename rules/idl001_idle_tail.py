@@ -41,7 +41,7 @@ class IdleTail(Rule):
     name = "idle-tail"
     severity = Severity.HIGH
     family_label = "idle capacity"
-    reads_shared = frozenset({"facts"})
+    reads_shared = frozenset({"facts", "long tails"})
     needs = {
         "jobs": "no Slurm jobs imported",
         "run_jobs": "no run is linked to a Slurm job",
@@ -57,21 +57,24 @@ class IdleTail(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
-        tails = []
-        # compared as timedeltas: every run with a job is looked at in every week's scan
         min_tail = timedelta(minutes=t["min_tail_minutes"])
-        no_tail = timedelta(0)
-        for run in ctx.facts.runs:
-            end, job_end = run.end_time, run.job_end
-            if (
-                run.job_id is None
-                or end is None
-                or job_end is None
-                or max(job_end - end, no_tail) < min_tail
-                or not ctx.window.overlaps(end, job_end)
-            ):
-                continue
-            tails.append(run)
+
+        def long_tails():
+            # once for a report's weeks: each week then tests only these runs' windows
+            return [
+                run
+                for run in ctx.facts.runs
+                if run.job_id is not None
+                and run.end_time is not None
+                and run.job_end is not None
+                and run.job_end - run.end_time >= min_tail
+            ]
+
+        tails = [
+            run
+            for run in ctx.once(("long tails", min_tail), long_tails)
+            if ctx.window.overlaps(run.end_time, run.job_end)
+        ]
         usage = gpu_usage(
             ctx.con,
             [

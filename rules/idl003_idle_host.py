@@ -65,6 +65,8 @@ class IdleHost(Rule):
             f"SELECT host, count(*) FROM gpu_samples WHERE {condition} GROUP BY host ORDER BY host",
             params,
         ).fetchall()
+        if not sizes:  # no telemetry in the window: no allocation hours to materialise
+            return
         of_hosts = f"({condition}) AND host IN (SELECT host FROM audit_idle_host_group)"
         spans: list[dict] = []
         with materialised(ctx.con, "audit_allocation_hours", allocation_hours()):

@@ -42,7 +42,7 @@ class SamplingSourceNotRecorded(Rule):
     name = "sampling-source-not-recorded"
     severity = Severity.LOW
     family_label = "attribution gaps"
-    reads_shared = frozenset({"facts", "learning-rate runs", "recipes"})
+    reads_shared = frozenset({"facts", "learning-rate runs", "recipes", "teacher runs"})
     needs = {"runs": "no runs imported"}
     thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
     recommendation = "Log the training method (and, for distillation, the teacher model) as params."
@@ -51,14 +51,18 @@ class SamplingSourceNotRecorded(Rule):
         attribution = ctx.config.values["attribution"]
         with_lr = runs_with_learning_rate(ctx)
         teacher_keys = list(attribution["teacher_keys"])
-        with_teacher = {
-            (r["source_id"], r["run_id"])
-            for r in ctx.rows(
-                "SELECT source_id, run_id FROM params WHERE list_contains(?, key) AND value <> '' "
-                "UNION SELECT source_id, run_id FROM tags WHERE list_contains(?, key) AND value <> ''",
-                [teacher_keys, teacher_keys],
-            )
-        }
+        with_teacher = ctx.once(  # once for a report's weeks
+            ("teacher runs", tuple(teacher_keys)),
+            lambda: set(
+                ctx.con.execute(
+                    "SELECT source_id, run_id FROM params "
+                    "WHERE list_contains(?, key) AND value <> '' "
+                    "UNION SELECT source_id, run_id FROM tags "
+                    "WHERE list_contains(?, key) AND value <> ''",
+                    [teacher_keys, teacher_keys],
+                ).fetchall()
+            ),
+        )
         distillation = set(attribution["distillation_methods"])
         groups: dict[tuple, list] = {}
         is_training = recipes(ctx).is_training

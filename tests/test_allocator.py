@@ -103,3 +103,39 @@ def test_blocks_that_live_only_in_memory_are_not_spilled(tmp_path, where):
         assert con.execute("SELECT count(*) FROM t").fetchone() == (6_000_000,)
     finally:
         con.close()
+
+
+# In a fresh process: whether each call returned memory, with the process grown by 0, then
+# by 1 MiB, then by 96 MiB of touched pages since the return before.
+_GROWTH_PROBE = """
+import duckdb
+from audit.warehouse.allocator import return_freed_memory_if_grown
+
+con = duckdb.connect()
+ran = [return_freed_memory_if_grown(con), return_freed_memory_if_grown(con)]
+small = b"x" * 2**20
+ran.append(return_freed_memory_if_grown(con))
+large = b"x" * (96 * 2**20)
+ran.append(return_freed_memory_if_grown(con))
+ran.append(return_freed_memory_if_grown(con))
+print(ran)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_memory_is_returned_again_only_after_the_process_grew_by_what_is_worth_it():
+    out = subprocess.run(
+        [sys.executable, "-c", _GROWTH_PROBE],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    ).stdout.strip()
+    # the first always (nothing measured yet); after 96 MiB once more, then not again
+    assert out == "[True, False, False, True, False]"
+
+
+def test_memory_is_returned_every_time_where_the_resident_size_cannot_be_read(monkeypatch):
+    monkeypatch.setattr(allocator, "_resident_bytes", lambda: None)
+    con = duckdb.connect()
+    assert [allocator.return_freed_memory_if_grown(con) for _ in range(3)] == [True] * 3
