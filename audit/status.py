@@ -60,8 +60,12 @@ SAMPLE_ATTACHMENT_SQL = f"""
 WITH instants AS (
     SELECT host, ts, job_label, count(*) AS samples FROM gpu_samples GROUP BY ALL
 ),
-holders AS (
-    SELECT i.host, i.ts, count(DISTINCT (a.cluster, a.job_id)) AS jobs
+holders AS (  -- jobs: 1 when one job holds the instant, 2 when several
+    -- all (cluster, job_id) pairs are one pair exactly when both parts' min equals their
+    -- max: no hashing of pairs per instant, as count(DISTINCT) does (0.8 -> 0.64 s at L)
+    SELECT i.host, i.ts,
+           CASE WHEN min(a.cluster) = max(a.cluster) AND min(a.job_id) = max(a.job_id)
+                THEN 1 ELSE 2 END AS jobs
     FROM instants i JOIN audit_allocation_hours a
       ON a.host = i.host AND a.hour = {sample_hour("i.ts")} AND i.ts >= a.lo AND i.ts < a.hi
     GROUP BY i.host, i.ts
