@@ -32,6 +32,17 @@ print(before, after_query, rss(), purged)
 """
 
 
+def _probe(code: str) -> str:
+    """What ``code`` prints in a fresh process (a resident size starts from nothing)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    ).stdout
+
+
 def test_a_duckdb_without_jemalloc_purges_nothing_and_raises_nothing(monkeypatch):
     """Builds without jemalloc export no ``duckdb_je_mallctl``: stand in another real
     extension module for DuckDB's and the purge is skipped."""
@@ -47,13 +58,7 @@ def test_a_duckdb_without_jemalloc_purges_nothing_and_raises_nothing(monkeypatch
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_the_pages_of_a_finished_query_leave_the_process():
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    ).stdout.split()
+    out = _probe(_PROBE).split()
     before, after_query, after_purge = map(float, out[:3])
     if out[3] != "True":
         pytest.skip("this DuckDB build has no jemalloc to purge")
@@ -124,13 +129,7 @@ print(ran)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_memory_is_returned_again_only_after_the_process_grew_by_what_is_worth_it():
-    out = subprocess.run(
-        [sys.executable, "-c", _GROWTH_PROBE],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    ).stdout.strip()
+    out = _probe(_GROWTH_PROBE).strip()
     # the first always (nothing measured yet); after 96 MiB once more, then not again
     assert out == "[True, False, False, True, False]"
 
