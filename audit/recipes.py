@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from sys import intern
 
 from audit.config import Config
 from audit.costs import Facts, RunFacts
 from audit.heap import long_lived
+from audit.warehouse.latest import latest_values
 
 
 @dataclass(frozen=True)
@@ -116,18 +116,7 @@ class Recipes:
         latest: dict[tuple, dict[str, float]] = {}
         if globs:
             condition = " OR ".join(["key GLOB ?"] * len(globs))
-            # a list per run, made a dict in C: a Python step per value cost 1 s at L
-            for source_id, run_id, keys, run_values in con.execute(
-                f"""
-                SELECT source_id, run_id, list(key), list(value) FROM latest_metrics
-                WHERE ({condition}) AND value IS NOT NULL AND isfinite(value)
-                GROUP BY ALL
-                """,
-                globs,
-            ).fetchall():
-                latest[key_of(source_id, run_id)] = dict(
-                    zip(map(intern, keys), run_values, strict=True)
-                )
+            latest = latest_values(con, f"({condition}) AND isfinite(value)", globs, key_of)
         return cls(config, facts, datasets, values, latest)
 
     def dataset(self, run: RunFacts) -> str | None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sys import intern
-
 from audit.rule_api import RuleContext
+from audit.warehouse.latest import latest_values
 
 TRAINING_METHODS_EXCLUDED = ("eval", "evaluation", "inference", "baseline")
 
@@ -96,18 +95,7 @@ def general_values(ctx: RuleContext) -> dict[tuple[str, str], dict[str, float]]:
 
     def load() -> dict[tuple[str, str], dict[str, float]]:
         condition, globs = glob_sql(ctx, "general")
-        key_of = ctx.facts.key_of
-        # a list per run, made a dict in C (a Python step per value cost 0.8 s at L)
-        return {
-            key_of(source_id, run_id): dict(zip(map(intern, keys), values, strict=True))
-            for source_id, run_id, keys, values in ctx.con.execute(
-                f"""
-                SELECT source_id, run_id, list(key), list(value) FROM latest_metrics
-                WHERE {condition} GROUP BY ALL
-                """,
-                globs,
-            ).fetchall()
-        }
+        return latest_values(ctx.con, condition, globs, ctx.facts.key_of)
 
     return ctx.once(("general values", tuple(ctx.metric_globs("general"))), load)
 
