@@ -157,6 +157,9 @@ class UsageIndex:
         self._usage: dict[str, Usage] = {}  # by allocation key, computed when first asked
         self._allocations: list[Allocation] | None = None
         self._by_kind: list[tuple[list[Allocation], list[datetime]]] = []
+        # judged pairs and notes by (window, min_hours): the four utilisation rules ask
+        # for the same ones (each a pass over 100,000 allocations at L)
+        self._judged: dict[tuple[Window, float], tuple[list, list[str]]] = {}
 
     def allocations(self) -> list[Allocation]:
         """Jobs' allocations by start, then runs' by start (each as ``Facts`` orders them)."""
@@ -180,6 +183,13 @@ class UsageIndex:
     ) -> list[tuple[Allocation, Usage]]:
         """(allocation, usage) for every allocation started in the window that ran at least
         ``min_hours`` and has usage data; the others become notes (``Unjudged``)."""
+        if (window, min_hours) not in self._judged:
+            self._judged[window, min_hours] = self._judge(window, min_hours)
+        pairs, unjudged_notes = self._judged[window, min_hours]
+        notes.extend(unjudged_notes)
+        return list(pairs)
+
+    def _judge(self, window: Window, min_hours: float) -> tuple[list, list[str]]:
         self.allocations()
         chosen = [
             a
@@ -196,8 +206,7 @@ class UsageIndex:
                 out.append((alloc, use))
             else:
                 unjudged.add(use.reason or use.why, alloc, use, f"{alloc.label}: {use.why}")
-        notes.extend(unjudged.notes())
-        return out
+        return out, unjudged.notes()
 
     # -- building ------------------------------------------------------------------------
     def _build_allocations(self) -> list[Allocation]:

@@ -180,3 +180,42 @@ def test_long_lived_leaves_a_disabled_collector_disabled():
     finally:
         gc.enable()
         gc.unfreeze()
+
+
+def test_usage_judged_once_per_window_and_length_gives_each_rule_its_own(tmp_path):
+    """The utilisation rules share one judging per (window, minimum length): a rule with
+    another minimum gets its own, and every caller gets the notes."""
+    from audit.costs import Facts
+    from audit.testing import build_warehouse
+    from audit.usage import UsageIndex
+    from audit.windows import Window
+
+    wh, config = build_warehouse(
+        tmp_path / "w.duckdb",
+        {
+            "jobs": [
+                {"job_id": 1, "gpus": 8, "start": 0, "end": 5, "host": "n1"},
+                {"job_id": 2, "gpus": 8, "start": 0, "end": 0.5, "host": "n2"},
+                {"job_id": 3, "gpus": 8, "start": 0, "end": 5, "host": "n3"},
+            ],
+            "telemetry": [
+                {"host": "n1", "start": 0, "end": 5, "util": {"default": 50}},
+                {"host": "n2", "start": 0, "end": 0.5, "util": {"default": 50}},
+            ],
+        },
+    )
+    usage = UsageIndex(wh.con, Facts.load(wh.con, config))
+    window = Window()
+
+    def judged(min_hours: float) -> tuple[list[str], list[str]]:
+        notes: list[str] = []
+        return sorted(alloc.label for alloc, _ in usage.judged(window, min_hours, notes)), notes
+
+    no_data = "job 3: no GPU usage evidence"
+    long_only, long_notes = judged(1.0)
+    assert long_only == ["job 1"] and [n[: len(no_data)] for n in long_notes] == [no_data]
+    assert judged(0.25) == (["job 1", "job 2"], long_notes)
+    assert judged(1.0) == (long_only, long_notes)  # asked again: the same, notes included
+    short_pairs = usage.judged(window, 0.25, [])
+    short_pairs.clear()  # a caller's list is its own
+    assert judged(0.25)[0] == ["job 1", "job 2"]
