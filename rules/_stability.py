@@ -27,6 +27,7 @@ from fnmatch import fnmatchcase
 
 from audit.rule_api import RuleContext
 from audit.rule_registry import effective_thresholds, get_rule
+from audit.warehouse.intervals import materialised
 
 KINDS = ("loss", "grad_norm", "kl", "entropy", "reward", "truncation", "policy_clip")
 CHART_POINTS = 60  # points kept for a finding's inline chart
@@ -68,12 +69,11 @@ def thresholds(ctx: RuleContext) -> dict[str, float]:
     return effective_thresholds(get_rule("STB001"), ctx.config)
 
 
-def chosen_series(ctx: RuleContext) -> dict[tuple, dict[str, str]]:
-    """Per run, per stability kind, the first configured metric name it logged."""
+def stability_names(ctx: RuleContext) -> list[tuple[str, str, int]]:
+    """(kind, metric name, rank of the first glob of the kind that matches it) for every
+    metric name some run logged that a kind's globs match; empty when none does."""
 
     def load():
-        import polars as pl
-
         # which metric names (of the few distinct ones) each kind's globs match, in order:
         # the configured order decides (train/loss before loss when a run logged both)
         names = [
@@ -83,29 +83,17 @@ def chosen_series(ctx: RuleContext) -> dict[tuple, dict[str, str]]:
         for kind in KINDS:
             for rank, glob in enumerate(ctx.metric_globs(kind)):
                 matched += [(kind, key, rank) for key in names if fnmatchcase(key, glob)]
-        if not matched:
-            return {}
-        ctx.con.register(
-            "stability_names",
-            pl.DataFrame(matched, schema=["kind", "key", "rank"], orient="row"),
-        )
-        try:
-            rows = ctx.con.execute(
-                """
-                SELECT l.source_id, l.run_id, n.kind, arg_min(l.key, (n.rank, l.key)) AS key
-                FROM latest_metrics l JOIN stability_names n USING (key) GROUP BY ALL
-                """
-            ).fetchall()
-        finally:
-            ctx.con.unregister("stability_names")
-        chosen: dict[tuple, dict[str, str]] = {}
-        key_of, text = ctx.facts.key_of, ctx.facts.text
-        for source_id, run_id, kind, key in rows:
-            chosen.setdefault(key_of(source_id, run_id), {})[text(kind)] = text(key)
-        return chosen
+        return matched
 
     return ctx.once(("stability-series",), load)
 
+
+# Per run and kind, the first configured metric name the run logged (over the registered
+# ``stability_names``: kind, key, rank)
+CHOSEN = """
+SELECT l.source_id, l.run_id, n.kind, arg_min(l.key, (n.rank, l.key)) AS key
+FROM latest_metrics l JOIN stability_names n USING (key) GROUP BY ALL
+"""
 
 # A necessary condition for each signal, one aggregate per series in SQL: only the series
 # that pass it are read point by point (at 100k runs most series are clean and never leave
@@ -134,57 +122,81 @@ HAVING (c.kind IN ('loss', 'grad_norm') AND (
 """
 
 
+@dataclass
+class Series:
+    """The series that may show a signal, read point by point, and the kinds' metric names
+    of their runs."""
+
+    points: dict[tuple, dict[str, list]]  # run key -> metric -> [(step, ts, value)]
+    chosen: dict[tuple, dict[str, str]]  # run key -> kind -> metric, for those runs only
+
+
 def series_points(ctx: RuleContext) -> dict[tuple, dict[str, list]]:
     """Per run, per metric name, the points of the series that may show a signal."""
+    return _screened_series(ctx).points
 
+
+def _screened_series(ctx: RuleContext) -> Series:
     def load():
         import polars as pl
 
-        chosen = chosen_series(ctx)
-        rows = [
-            {"source_id": run[0], "run_id": run[1], "key": key, "kind": kind}
-            for run, kinds in chosen.items()
-            for kind, key in kinds.items()
-        ]
-        if not rows:
-            return {}
+        matched = stability_names(ctx)
+        if not matched:
+            return Series({}, {})
         th = thresholds(ctx)
-        ctx.con.register("stability_chosen", pl.DataFrame(rows))
+        # The chosen series stay in the database: only the runs whose series pass the
+        # screen come to Python (a dict per run for every run cost 0.5 s at 100,000 runs)
+        ctx.con.register(
+            "stability_names",
+            pl.DataFrame(matched, schema=["kind", "key", "rank"], orient="row"),
+        )
         try:
-            candidates = ctx.con.execute(
-                SCREEN,
-                {
-                    "loss_factor": th["loss_spike_factor"],
-                    "grad_factor": th["grad_norm_factor"],
-                    "kl_factor": th["kl_factor"],
-                    "kl_floor": th["kl_floor"],
-                    "entropy_fraction": th["entropy_collapse_fraction"],
-                    "truncation_max": th["truncation_max"],
-                    "policy_clip_max": th["policy_clip_max"],
-                },
-            ).fetchall()
-            ctx.con.register(
-                "stability_candidates",
-                pl.DataFrame(candidates, schema=["source_id", "run_id", "key"], orient="row").cast(
-                    pl.String
-                ),
-            )
-            points: dict[tuple, dict[str, list]] = {}
-            key_of, text = ctx.facts.key_of, ctx.facts.text
-            for source_id, run_id, key, step, ts, value in ctx.con.execute(
-                """
-                SELECT m.source_id, m.run_id, m.key, m.step, m.ts, m.value
-                FROM metrics m JOIN stability_candidates c USING (source_id, run_id, key)
-                WHERE m.ts IS NOT NULL ORDER BY m.source_id, m.run_id, m.key, m.step, m.ts
-                """
-            ).fetchall():
-                points.setdefault(key_of(source_id, run_id), {}).setdefault(text(key), []).append(
-                    (step, ts, value)
+            with materialised(ctx.con, "stability_chosen", f"({CHOSEN})"):
+                candidates = ctx.con.execute(
+                    SCREEN,
+                    {
+                        "loss_factor": th["loss_spike_factor"],
+                        "grad_factor": th["grad_norm_factor"],
+                        "kl_factor": th["kl_factor"],
+                        "kl_floor": th["kl_floor"],
+                        "entropy_fraction": th["entropy_collapse_fraction"],
+                        "truncation_max": th["truncation_max"],
+                        "policy_clip_max": th["policy_clip_max"],
+                    },
+                ).fetchall()
+                if not candidates:
+                    return Series({}, {})
+                ctx.con.register(
+                    "stability_candidates",
+                    pl.DataFrame(
+                        candidates, schema=["source_id", "run_id", "key"], orient="row"
+                    ).cast(pl.String),
                 )
+                key_of, text = ctx.facts.key_of, ctx.facts.text
+                chosen: dict[tuple, dict[str, str]] = {}
+                for source_id, run_id, kind, key in ctx.con.execute(
+                    """
+                    SELECT c.source_id, c.run_id, c.kind, c.key FROM stability_chosen c
+                    SEMI JOIN stability_candidates s USING (source_id, run_id)
+                    ORDER BY c.source_id, c.run_id, c.kind
+                    """
+                ).fetchall():
+                    chosen.setdefault(key_of(source_id, run_id), {})[text(kind)] = text(key)
+                points: dict[tuple, dict[str, list]] = {}
+                for source_id, run_id, key, step, ts, value in ctx.con.execute(
+                    """
+                    SELECT m.source_id, m.run_id, m.key, m.step, m.ts, m.value
+                    FROM metrics m JOIN stability_candidates c USING (source_id, run_id, key)
+                    WHERE m.ts IS NOT NULL ORDER BY m.source_id, m.run_id, m.key, m.step, m.ts
+                    """
+                ).fetchall():
+                    points.setdefault(key_of(source_id, run_id), {}).setdefault(
+                        text(key), []
+                    ).append((step, ts, value))
         finally:
-            ctx.con.unregister("stability_chosen")
+            ctx.con.unregister("stability_names")
             ctx.con.unregister("stability_candidates")
-        return points
+        return Series(points, chosen)
 
     return ctx.once(("stability-points",), load)
 
@@ -207,11 +219,13 @@ def unstable_runs(ctx: RuleContext) -> dict[tuple, list[Signal]]:
 
     def compute():
         th = thresholds(ctx)
-        chosen = chosen_series(ctx)
+        screened = _screened_series(ctx)
         out = {}
-        for run, by_key in series_points(ctx).items():
+        for run, by_key in screened.points.items():
             series = {
-                kind: (key, by_key[key]) for kind, key in chosen[run].items() if key in by_key
+                kind: (key, by_key[key])
+                for kind, key in screened.chosen[run].items()
+                if key in by_key
             }
             found = signals_of(series, th)
             if found:

@@ -7,8 +7,8 @@ from ._stability import (
     KINDS,
     LOOKALIKE_WORDS,
     chart_points,
-    chosen_series,
     series_points,
+    stability_names,
     unstable_runs,
 )
 
@@ -123,7 +123,7 @@ class UnstableTraining(Rule):
     recommendation = "Alert on the stability series and stop at the onset; resume from the last good checkpoint with safer settings."
 
     def check(self, ctx: RuleContext):
-        if not chosen_series(ctx):
+        if not stability_names(ctx):
             globs = [g for kind in KINDS for g in ctx.metric_globs(kind)]
             lookalikes = lookalike_metrics(ctx, LOOKALIKE_WORDS, substrings=())
             seen = (
