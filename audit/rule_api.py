@@ -329,7 +329,7 @@ class RuleContext:
                 self.shared[key] = compute()
         return self.shared[key]
 
-    def rows(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+    def rows(self, sql: str, params: list | dict | None = None) -> list[dict[str, Any]]:
         cursor = self.con.execute(sql, params or [])
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

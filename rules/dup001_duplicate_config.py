@@ -179,10 +179,22 @@ class DuplicateConfig(Rule):
 
 
 SIGNATURES_SQL = """
-WITH cfg AS (
+WITH hashed AS (  -- per run: a hash of its param set, whatever the order of its rows
+    SELECT source_id, run_id, sum(hash(key, coalesce(value_norm, ''))) AS set_hash,
+           count(*) AS pairs,
+           bool_or(contains(key, '=') OR contains(key, chr(31))
+                   OR contains(coalesce(value_norm, ''), chr(31))) AS unusual
+    FROM params WHERE NOT list_contains($volatile, key) GROUP BY ALL
+),
+maybe AS (  -- runs that may share their param set with another run
+    SELECT source_id, run_id FROM hashed
+    QUALIFY bool_or(unusual) OVER () OR count(*) OVER (PARTITION BY set_hash, pairs) >= 2
+),
+cfg AS (
     SELECT source_id, run_id,
            string_agg(key || '=' || coalesce(value_norm, ''), chr(31) ORDER BY key) AS params
-    FROM params WHERE NOT list_contains(?, key) GROUP BY ALL
+    FROM params SEMI JOIN maybe USING (source_id, run_id)
+    WHERE NOT list_contains($volatile, key) GROUP BY ALL
 ),
 data AS (
     SELECT source_id, run_id, string_agg(DISTINCT digest, ',' ORDER BY digest) AS digests
@@ -190,7 +202,8 @@ data AS (
 ),
 intended AS (  -- deliberate reproductions, tagged audit.ignore=DUP001 (or DUP)
     SELECT DISTINCT source_id, run_id FROM tags
-    WHERE key = ? AND list_has_any(string_split(upper(replace(value, ' ', '')), ','), ['DUP', 'DUP001'])
+    WHERE key = $ignore_tag
+      AND list_has_any(string_split(upper(replace(value, ' ', '')), ','), ['DUP', 'DUP001'])
 )
 SELECT r.source_id, r.run_id, c.params, coalesce(r.source_commit, '') AS commit,
        coalesce(d.digests, '') AS digests
@@ -201,6 +214,11 @@ WHERE NOT EXISTS (SELECT 1 FROM intended i WHERE i.source_id = r.source_id AND i
 -- of 100,000s are, and reading their signatures cost a scan 1 s and 300 MB.
 QUALIFY count(*) OVER (PARTITION BY c.params) >= 2
 """
+# Two runs share a signature (``params``) only if they share the multiset of (key, value)
+# pairs, which the order-free ``set_hash`` and ``pairs`` then share too; unless a key holds
+# "=" or chr(31) or a value chr(31): then different pairs could join into one text, and
+# every run's signature is built. Building and sorting every run's signature text cost
+# 0.7 s of a scan at 100,000 runs, the hashes 0.15 s.
 
 
 def _repeated_configs(ctx: RuleContext, volatile: list[str], gap: float) -> list[tuple]:
@@ -209,7 +227,7 @@ def _repeated_configs(ctx: RuleContext, volatile: list[str], gap: float) -> list
     window, so a report's weekly scans group the history once)."""
     ignore_tag = ctx.config.values["attribution"]["ignore_tag"]
     by_params: dict[str, list[tuple[RunFacts, str, str]]] = {}
-    for row in ctx.rows(SIGNATURES_SQL, [volatile, ignore_tag]):
+    for row in ctx.rows(SIGNATURES_SQL, {"volatile": volatile, "ignore_tag": ignore_tag}):
         run = ctx.facts.run(row["source_id"], row["run_id"])
         if run is not None and run.start_time is not None:
             by_params.setdefault(row["params"], []).append((run, row["commit"], row["digests"]))
