@@ -280,6 +280,7 @@ class UsageIndex:
                 }
                 for a in jobs
             ],
+            unsampled=False,
         )
         tracked = _run_system_metrics(self.con, [a for a in allocations if a.kind == "run"])
         out = {}
@@ -375,10 +376,11 @@ def _allocations_counted(group: list[tuple[Allocation, Usage, str]]) -> str:
 KEY, TRACKER, HOST, GPU, UTIL, MEM, MEM_TOTAL, SAMPLES, MODEL = range(9)
 
 
-def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
+def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usage]:
     """Per window (key, cluster, job_id, gpus, start, end, hosts: the job's, sorted): the
     activity of the job's GPUs from samples of its hosts, telemetry first, else the
-    tracker's system metrics.
+    tracker's system metrics. A window without samples gets a "no data" usage, or with
+    ``unsampled`` false none (a caller with other evidence to try words its own).
 
     Telemetry is per host; a job owns the samples of its hosts inside its allocation when
     no other job ran on the same host at the same time (else: ``ambiguous``). When a job
@@ -444,6 +446,8 @@ def gpu_usage(con, windows: list[dict]) -> dict[str, Usage]:
         source = "telemetry" if "telemetry" in sources else "tracker"
         rows = sources.get(source, [])
         if not rows:
+            if not unsampled:
+                continue
             out[w["key"]] = Usage(
                 "no data",
                 gpus=w["gpus"],
