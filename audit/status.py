@@ -55,11 +55,11 @@ def warehouse_status(wh: Warehouse) -> dict:
 # A telemetry sample belongs to a job when its host and time fall inside exactly one job's
 # allocation on that host, or a DCGM hpc_job label names the job. The GPUs of a host share
 # the answer at each instant, so instants are judged once (8x fewer rows to range-join).
-# It reads the allocation hours as table ``audit_allocation_hours`` (``materialised``).
+# It reads the allocation hours as table ``audit_allocation_hours`` and the instants
+# (``SAMPLE_INSTANTS``) as table ``audit_sample_instants`` (``materialised``).
+SAMPLE_INSTANTS = "(SELECT host, ts, job_label, count(*) AS samples FROM gpu_samples GROUP BY ALL)"
 SAMPLE_ATTACHMENT_SQL = f"""
-WITH instants AS (
-    SELECT host, ts, job_label, count(*) AS samples FROM gpu_samples GROUP BY ALL
-),
+WITH instants AS (SELECT * FROM audit_sample_instants),
 holders AS (  -- jobs: 1 when one job holds the instant, 2 when several
     -- all (cluster, job_id) pairs are one pair exactly when both parts' min equals their
     -- max: no hashing of pairs per instant, as count(DISTINCT) does (0.8 -> 0.64 s at L)
@@ -92,7 +92,11 @@ def _cluster_status(wh: Warehouse) -> dict:
         "(SELECT count(*) FROM (SELECT DISTINCT host, gpu FROM gpu_samples)), "
         "strftime(min(ts), '%Y-%m-%d %H:%M'), strftime(max(ts), '%Y-%m-%d %H:%M') FROM gpu_samples"
     ).fetchall()[0]
-    with materialised(wh.con, "audit_allocation_hours", allocation_hours()):
+    # the instants are read twice: aggregating the samples once (0.3 s at 10 M samples)
+    with (
+        materialised(wh.con, "audit_allocation_hours", allocation_hours()),
+        materialised(wh.con, "audit_sample_instants", SAMPLE_INSTANTS),
+    ):
         attachment = dict(
             wh.con.execute(
                 f"SELECT attachment, sum(samples) FROM ({SAMPLE_ATTACHMENT_SQL}) GROUP BY 1"
@@ -105,7 +109,7 @@ def _cluster_status(wh: Warehouse) -> dict:
               (SELECT count(DISTINCT (source_id, run_id)) FROM run_jobs),
               (SELECT count(*) FROM jobs WHERE gpus > 0),
               (SELECT count(DISTINCT (a.cluster, a.job_id))
-               FROM (SELECT DISTINCT host, ts FROM gpu_samples) s
+               FROM (SELECT DISTINCT host, ts FROM audit_sample_instants) s
                JOIN audit_allocation_hours a
                  ON a.host = s.host AND a.hour = {sample_hour("s.ts")} AND s.ts >= a.lo AND s.ts < a.hi
                JOIN jobs j ON j.cluster = a.cluster AND j.job_id = a.job_id AND j.gpus > 0),
