@@ -489,19 +489,34 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
 
 def _shared_hosts(con, positions: list[int]) -> set[int]:
     """Of the windows at ``positions`` (of the registered ``audit_windows``), those whose
-    hosts another job held during the window."""
+    hosts another job held during the window.
+
+    The other jobs are first cut to those overlapping any of these windows: joined to the
+    jobs of every host first, as DuckDB chose for a week's windows, 1.1 s at L, 0.04 s cut.
+    """
     if not positions:
         return set()
     return {
         position
         for (position,) in con.execute(
             """
-            SELECT DISTINCT w.key FROM audit_windows w
-            JOIN job_nodes a ON a.cluster = w.cluster AND a.job_id = w.job_id
-            JOIN job_nodes b ON b.host = a.host AND NOT (b.cluster = a.cluster AND b.job_id = a.job_id)
-            JOIN jobs o ON o.cluster = b.cluster AND o.job_id = b.job_id
-            WHERE w.key IN (SELECT unnest(CAST(? AS BIGINT[])))
-              AND o.start_time < w."end" AND coalesce(o.end_time, TIMESTAMP '9999-12-31') > w.start
+            WITH mine AS (
+                SELECT w.key, w.start, w."end", a.host, a.cluster, a.job_id
+                FROM audit_windows w
+                JOIN job_nodes a ON a.cluster = w.cluster AND a.job_id = w.job_id
+                WHERE w.key IN (SELECT unnest(CAST(? AS BIGINT[])))
+            ),
+            span AS (SELECT min(start) AS lo, max("end") AS hi FROM mine),
+            others AS (
+                SELECT b.host, b.cluster, b.job_id, o.start_time,
+                       coalesce(o.end_time, TIMESTAMP '9999-12-31') AS end_time
+                FROM jobs o JOIN job_nodes b ON b.cluster = o.cluster AND b.job_id = o.job_id, span
+                WHERE o.start_time < span.hi
+                  AND coalesce(o.end_time, TIMESTAMP '9999-12-31') > span.lo
+            )
+            SELECT DISTINCT m.key FROM mine m JOIN others o ON o.host = m.host
+            WHERE NOT (o.cluster = m.cluster AND o.job_id = m.job_id)
+              AND o.start_time < m."end" AND o.end_time > m.start
             """,
             [positions],
         ).fetchall()
