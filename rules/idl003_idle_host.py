@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from audit.query.registry import export_slices
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.warehouse.intervals import allocation_hours, host_instants, materialised, sample_hour
+from audit.warehouse.slices import partition_slices
 
 # Hosts are read in groups of at most this many samples. A host's idle stretches depend on
 # its own samples and jobs only, and DuckDB's memory for the instants, joins and windows
@@ -70,7 +70,7 @@ class IdleHost(Rule):
         of_hosts = f"({condition}) AND host IN (SELECT host FROM audit_idle_host_group)"
         spans: list[dict] = []
         with materialised(ctx.con, "audit_allocation_hours", allocation_hours()):
-            for hosts in export_slices(sizes, SAMPLES_PER_QUERY):
+            for hosts in partition_slices(sizes, SAMPLES_PER_QUERY):
                 group = pl.DataFrame({"host": hosts}, schema={"host": pl.String})
                 ctx.con.register("audit_idle_host_group", group)
                 try:

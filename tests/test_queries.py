@@ -398,11 +398,11 @@ def test_export_in_slices_holds_every_row_once(demo_db, run_cli, tmp_path, monke
     sizes=st.lists(st.integers(min_value=1, max_value=3_000), max_size=40),
     limit=st.integers(min_value=1, max_value=5_000),
 )
-def test_export_slices_cover_every_partition_once_within_the_limit(sizes, limit):
-    from audit.query.registry import export_slices
+def test_partition_slices_cover_every_partition_once_within_the_limit(sizes, limit):
+    from audit.warehouse.slices import partition_slices
 
     values = [(f"p{i}", rows) for i, rows in enumerate(sizes)]
-    slices = export_slices(values, limit)
+    slices = partition_slices(values, limit)
     assert [v for piece in slices for v in piece] == [v for v, _ in values]
     rows = dict(values)
     for piece in slices:

@@ -28,6 +28,7 @@ from audit.query.fields import FieldColumns, lock_down
 from audit.query.fields import shown_fields as _shown_fields
 from audit.query.filter import compile_where, count_leaves, parse_filter, parse_order
 from audit.warehouse import open_warehouse
+from audit.warehouse.slices import partition_slices
 
 VIEWS = {
     "runs": "one row per run (see docs/schema.md)",
@@ -48,22 +49,6 @@ VIEWS = {
 # row group's worth, so 1,000 hosts of 80,640 telemetry samples each were all held at once
 # (past 14 GiB at 80 M samples); a slice of partitions bounds that (0.4 GB at 10 M).
 EXPORT_SLICE_ROWS = 1_000_000
-
-
-def export_slices(sizes: list[tuple[object, int]], limit: int) -> list[list[object]]:
-    """Partition values (with their row counts, in order) cut into consecutive slices of
-    at most ``limit`` rows, a partition larger than that alone in its slice. Each value is in
-    exactly one slice, so the COPYs of a table write disjoint partition folders (and
-    IDL003's queries read disjoint groups of hosts)."""
-    slices: list[list[object]] = []
-    rows = 0
-    for value, count in sizes:
-        if not slices or rows + count > limit:
-            slices.append([])
-            rows = 0
-        slices[-1].append(value)
-        rows += count
-    return slices
 
 
 EXPORT_PARTITIONS = {
@@ -516,7 +501,7 @@ class Registry:
                         f"SELECT {partition}, count(*) FROM {table} GROUP BY 1 ORDER BY 1"
                     ).fetchall()
                     counts[table] = sum(rows for _, rows in sizes)
-                    for values in export_slices(sizes, EXPORT_SLICE_ROWS):
+                    for values in partition_slices(sizes, EXPORT_SLICE_ROWS):
                         try:
                             wh.con.execute(
                                 f"COPY (SELECT * FROM {table} WHERE list_contains(?, {partition})) "
