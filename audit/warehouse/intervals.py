@@ -123,7 +123,8 @@ def window_hours(windows: str) -> str:
 
 @contextmanager
 def materialised(con, name: str, subquery: str) -> Iterator[str]:
-    """The rows of ``subquery`` (one of the above) as temporary table ``name`` while in use.
+    """The rows of ``subquery`` (one of the above, or a caller's constant SQL that several
+    of its queries read) as temporary table ``name`` while in use.
 
     Joined as a subquery, DuckDB misjudges the size of its UNION (an estimate of 33 M rows
     for a branch that is empty) and builds the join's hash table on the telemetry samples
