@@ -400,9 +400,12 @@ class Facts:
                 FROM run_jobs GROUP BY ALL
             ),
             seen AS (
+                -- the regular expression only where the prefix matches: under FILTER it
+                -- ran on every latest metric (0.23 against 0.14 s at 500,000 of them)
                 SELECT source_id, run_id, max(ts) AS last_metric,
-                       count(DISTINCT regexp_extract(key, '^system/gpu_(\d+)_', 1))
-                           FILTER (WHERE starts_with(key, 'system/gpu_')) AS system_gpus
+                       count(DISTINCT CASE WHEN starts_with(key, 'system/gpu_')
+                                      THEN regexp_extract(key, '^system/gpu_(\d+)_', 1) END)
+                           AS system_gpus
                 FROM latest_metrics GROUP BY ALL
             ),
             sampled AS (  -- GPU samples a run logged itself (W&B system metrics)
