@@ -242,6 +242,8 @@ def test_bulk_and_sql_evaluation_agree(warehouse, text, monkeypatch):
         ("not datasets.name like '%'", ["r03", "r09"]),
         ("attributes.end_time is null", ["r03", "r07"]),
         ("params.note ilike 'i'", ["r03", "r04", "r10"]),
+        # 'abc' and 'nan' have no number: the comparison is false, so its negation holds
+        ("not params.lr < 0", ["r01", "r02", "r03", "r04", "r05", "r06", "r07", "r08", "r10"]),
     ],
 )
 @pytest.mark.parametrize("bulk", [False, True], ids=["sql", "bulk"])

@@ -554,13 +554,12 @@ def count_leaves(tree: tuple | None) -> int:
 
 
 def compile_where(parsed: ParsedFilter, columns: dict[Field, Columns | None]) -> Compiled:
-    """The SQL condition of ``parsed``; ``columns[f]`` is None for a field no run has."""
+    """The SQL condition of ``parsed`` for a WHERE clause: a run matches when it is TRUE
+    (NULL, like FALSE, does not match). ``columns[f]`` is None for a field no run has."""
     if parsed.tree is None:
         return Compiled("TRUE", [])
     compiler = _Compiler(parsed, columns)
-    sql = compiler.node(parsed.tree)
-    # IS TRUE keeps DuckDB from splitting a long AND into thousands of separate filters
-    return Compiled(f"({sql}) IS TRUE", compiler.params)
+    return Compiled(compiler.node(parsed.tree, positive=True), compiler.params)
 
 
 def compile_filter(text: str, columns: dict[Field, Columns | None] | None = None) -> Compiled:
@@ -570,29 +569,40 @@ def compile_filter(text: str, columns: dict[Field, Columns | None] | None = None
 
 
 class _Compiler:
-    """The filter as one SQL condition (small filters: DuckDB plans each comparison)."""
+    """The filter as one SQL condition (small filters: DuckDB plans each comparison).
+
+    A comparison on a run without the field is NULL in SQL and false in the filter
+    language. Under a NOT the difference matters (NOT NULL is NULL), so there each
+    comparison is wrapped in ``coalesce(..., false)``. Outside every NOT ("positive", only
+    AND and OR above it) it does not: AND and OR are TRUE with a NULL operand exactly when
+    they are TRUE with FALSE in its place, and WHERE keeps only TRUE. There the comparison
+    stays bare, so DuckDB can push it into the table scan and read the other columns only
+    for the rows that pass (the wide search table at 100,000 runs: 14-18 ms per search
+    with every comparison wrapped, 4-13 ms bare).
+    """
 
     def __init__(self, parsed: ParsedFilter, columns: dict[Field, Columns | None]):
         self.planner = LeafPlanner(parsed, columns)
         self.columns = columns
         self.params: list = []
 
-    def node(self, tree: tuple) -> str:
+    def node(self, tree: tuple, positive: bool) -> str:
+        """``tree`` as SQL; ``positive``: no NOT above it (see the class)."""
         kind = tree[0]
         if kind == "not":
-            return f"(NOT {self.node(tree[1])})"
+            return f"(NOT {self.node(tree[1], positive=False)})"
         if kind == "cmp":
-            return self.comparison(tree[1])
+            return self.comparison(tree[1], positive)
         children = tree[1]
         if kind == "or":
             children = merge_equalities(children)
-        return _balanced([self.node(c) for c in children], kind.upper())
+        return _balanced([self.node(c, positive) for c in children], kind.upper())
 
     def bind(self, value) -> str:
         self.params.append(value)
         return "?"
 
-    def comparison(self, c: Comparison) -> str:
+    def comparison(self, c: Comparison, positive: bool) -> str:
         leaf = self.planner.leaf(c)
         if leaf.kind == "const":
             return "TRUE" if leaf.value else "FALSE"
@@ -602,8 +612,8 @@ class _Compiler:
             return f"(NOT {present})" if leaf.negate else present
         if leaf.on_list:
             return self._on_list(leaf, cols)
-        condition = self.test(leaf, cols)
-        return f"coalesce({cols.present} AND {condition}, false)"
+        condition = f"{cols.present} AND {self.test(leaf, cols)}"
+        return f"({condition})" if positive else f"coalesce({condition}, false)"
 
     def column(self, leaf: Leaf, cols: Columns) -> str:
         return {"text": cols.text, "num": cols.num, "norm": cols.norm}[leaf.column]
