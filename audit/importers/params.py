@@ -8,11 +8,20 @@ compare equal.
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 BOOLEAN_WORDS = {"true": "true", "false": "false"}
 # Floats above 2**53 cannot hold every integer, so those keep their float spelling.
 _EXACT_INT_LIMIT = 2.0**53
+# Texts whose normalisation is known without polars (see ``normalised_texts``): an integer
+# in its canonical spelling of at most 15 digits (exact as a float), and a word that starts
+# with a lower-case letter and holds no upper case or blank. A number's text starts with a
+# digit, a sign or a point; the words that parse ("inf", "nan", ...) are no finite number
+# and, like "true" and "false" in lower case, normalise to themselves.
+_PLAIN_INTEGER = re.compile(r"(?:0|-?[1-9][0-9]{0,14})\Z")
+_PLAIN_WORD = re.compile(r"[a-z][a-z0-9_./:-]*\Z")
 
 
 def normalised_params(frame: pl.DataFrame) -> pl.DataFrame:
@@ -38,10 +47,34 @@ def normalised_params(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def normalised_texts(texts: list[str]) -> dict[str, tuple[float | None, str]]:
+    """Each text's (number, canonical text) as ``normalised_params`` gives them.
+
+    For the few values of a search filter or a config: integers and plain words, most of
+    them, are answered without a polars frame (1.7 ms per search at one call, a tenth of
+    a search's time), the others in one ``normalised_params`` call.
+    """
+    out: dict[str, tuple[float | None, str]] = {}
+    rest: list[str] = []
+    for text in texts:
+        if _PLAIN_INTEGER.match(text):
+            out[text] = (float(text), text)
+        elif _PLAIN_WORD.match(text):
+            out[text] = (None, text)
+        else:
+            rest.append(text)
+    if rest:
+        frame = normalised_params(pl.DataFrame({"value": rest}, schema={"value": pl.String}))
+        for value, number, canonical in frame.select(
+            "value", "value_num", "value_norm"
+        ).iter_rows():
+            out[value] = (number, canonical)
+    return out
+
+
 def normalise_value(value: str) -> tuple[float | None, str]:
     """The same normalisation for one value (used by queries and tests)."""
-    row = normalised_params(pl.DataFrame({"value": [value]}, schema={"value": pl.String})).row(0)
-    return row[1], row[2]
+    return normalised_texts([value])[value]
 
 
 def flatten_config(data: dict, prefix: str = "") -> dict[str, str]:

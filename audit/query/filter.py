@@ -24,10 +24,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-import polars as pl
-
 from audit.errors import InputError
-from audit.importers.params import normalise_value, normalised_params
+from audit.importers.params import normalise_value, normalised_texts
 
 MAX_FILTER_CHARACTERS = 2_000_000
 MAX_TERMS = 10_000  # comparisons (an IN list counts once)
@@ -684,20 +682,14 @@ def _balanced(parts: list[str], operator: str) -> str:
 
 
 def _normalise_literals(tokens: list[Token]) -> dict[str, tuple[float | None, str]]:
-    """Every literal of the filter normalised in one polars call (one call per literal is slow)."""
+    """Every literal of the filter normalised in one call (one polars call per literal is slow)."""
     texts = []
     for token in tokens:
         if token.kind == "string":
             texts.append(_unquote(token.text))
         elif token.kind == "number":
             texts.append(repr(float(token.text)))
-    if not texts:
-        return {}
-    frame = normalised_params(pl.DataFrame({"value": texts}, schema={"value": pl.String}))
-    return {
-        row[0]: (row[1], row[2])
-        for row in frame.select("value", "value_num", "value_norm").iter_rows()
-    }
+    return normalised_texts(texts)
 
 
 def _unquote(text: str) -> str:

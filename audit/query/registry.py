@@ -22,7 +22,7 @@ import polars as pl
 from audit import atomic
 from audit.config import Config, load_config
 from audit.errors import InputError, utf8_problem
-from audit.importers.params import flatten_config, normalise_value
+from audit.importers.params import flatten_config, normalised_texts
 from audit.query.bulk import SQL_LEAVES, BulkEvaluator, fetch_columns
 from audit.query.fields import FieldColumns, lock_down
 from audit.query.fields import shown_fields as _shown_fields
@@ -271,7 +271,8 @@ class Registry:
             if not query:
                 raise InputError("nothing to compare: give --run, --config or --param key=value")
             query = {k: v for k, v in query.items() if k not in skip}
-            normalised = {k: normalise_value(str(v))[1] for k, v in query.items()}
+            by_text = normalised_texts([str(v) for v in query.values()])
+            normalised = {k: by_text[str(v)][1] for k, v in query.items()}
             wh.con.register(
                 "audit_query",
                 pl.DataFrame(
