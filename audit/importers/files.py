@@ -35,8 +35,12 @@ def execute_on_frame(con, sql: str, frame: pl.DataFrame):
     6.4 GiB that way, at 1.6 GiB without. A relation's name lives only as long as the
     statement. (Python replacement scans, the other way without a catalog entry, are off
     on a connection ``lock_down`` has locked.)
+
+    The frame goes over in one chunk: DuckDB inserts an Arrow table of several chunks at
+    half the speed of one (250,000 metric points in 245 chunks, as a SQLite store hands
+    them over: 0.16 s, rechunked 0.07 s).
     """
-    return con.from_arrow(frame.to_arrow()).query("incoming_frame", sql)
+    return con.from_arrow(frame.rechunk().to_arrow()).query("incoming_frame", sql)
 
 
 def insert_frame(con, table: str, frame: pl.DataFrame) -> None:

@@ -222,7 +222,8 @@ def known_runs(wh: Warehouse, source_id: str) -> KnownRuns:
     """What the warehouse holds of the source's runs, for the reader to prove runs unchanged."""
     return KnownRuns(
         wh.frame(
-            "SELECT run_id, signature, name, source_commit FROM runs WHERE source_id = ?",
+            "SELECT run_id, signature, name, source_commit, user_id, artifact_uri, source_name, "
+            "source_type FROM runs WHERE source_id = ?",
             [source_id],
         ),
         lambda table, aggregates, except_runs: _warehouse_totals(

@@ -40,7 +40,9 @@ class KnownRuns:
     """What the warehouse holds of a source's runs, for a reader that can prove runs
     unchanged without computing their signatures in the store (the SQL store reader)."""
 
-    signatures: pl.DataFrame  # run_id, signature, name, source_commit as last imported
+    # run_id, signature, name, source_commit, user_id, artifact_uri, source_name and
+    # source_type as last imported
+    signatures: pl.DataFrame
     # (table, aggregate expressions over its rows aliased x, run ids) -> the aggregates
     # over the warehouse's rows of the source's runs except those, as integers
     totals: Callable[[str, tuple[str, ...], pl.Series], tuple[int, ...]]

@@ -40,6 +40,7 @@ from audit.importers.run_store import (
 
 RUNS_PER_BATCH = 5000
 ROWS_PER_BATCH = 1_000_000
+SQLITE_BATCH_ROWS = 65_536
 SCAN_FRACTION = 0.5  # above this share of changed runs, whole-table scans win over joins
 
 # Per-run change detector computed inside the store: anything MLflow lets a client change
@@ -88,29 +89,34 @@ _SPECIAL_TAGS = "('mlflow.source.git.commit', 'mlflow.runName')"
 # run, summed over whole tables in one sequential scan each, and the same totals over the
 # warehouse's copies of those rows. Tag lengths are in bytes (SQLite's length() of a text
 # stops at a NUL, DuckDB's does not) and also summed weighted by a number drawn from the
-# first two hex digits of the run id, so that one tag growing on one run while another
-# shrinks on another run still moves a total; times and steps are summed modulo a prime so
-# that sums of 13-digit epoch milliseconds cannot overflow. Changes on several runs can
-# still cancel in every total (a tag moved between two runs whose ids start alike): such a
-# change waits for the daily full check (``FULL_CHECK_HOURS`` in audit.importers.mlflow).
-# Every extra weighting costs SQLite a function call per row: weights from six digits, and
-# w² beside w, took the +1 % import at 100,000 runs from 3.3 to 6 CPU-seconds.
+# first two characters of the run id (256 weights for hex ids), so that one tag growing on
+# one run while another shrinks on another run still moves a total; times and steps are
+# summed modulo a prime so that sums of 13-digit epoch milliseconds cannot overflow.
+# Changes on several runs can still cancel in every total (a tag moved between two runs
+# whose ids start alike): such a change waits for the daily full check
+# (``FULL_CHECK_HOURS`` in audit.importers.mlflow).
+# Every function call per row costs SQLite a tenth of a second at 400,000 tags: weights
+# from six digits, and w² beside w, took the +1 % import at 100,000 runs from 3.3 to 6
+# CPU-seconds, and the weight's two code points (unicode) cost 0.08 s where the same
+# weight from two instr() of two substr() cost 0.13 s.
 _PRIME = 2_147_483_647
-_HEX = "'0123456789abcdef'"
 
 
-def _weight(run: str) -> str:
-    return f"(1 + 17 * instr({_HEX}, substr({run}, 1, 1)) + instr({_HEX}, substr({run}, 2, 1)))"
+def _weight(run: str, code: str) -> str:
+    """The weight of a run id: ``code`` formats the dialect's code point of a text's first
+    character (NULL for an empty text)."""
+    return f"({code.format(run)} * 131 + {code.format(f'substr({run}, 2, 1)')})"
 
 
-def _change_totals(run: str, length: str, timestamp: str) -> dict[str, tuple[str, ...]]:
+def _change_totals(run: str, length: str, code: str, timestamp: str) -> dict[str, tuple[str, ...]]:
     """The totals of each table as SQL aggregates over rows aliased x: ``run`` is the run id
-    column, ``length`` a byte-length function of the dialect, ``timestamp`` epoch ms."""
+    column, ``length`` a byte-length function of the dialect, ``code`` its code point of a
+    first character, ``timestamp`` epoch ms."""
     value = "coalesce(x.value, '')"
     tag_length = f"({length.format('x.key')} + {length.format(value)})"
     return {
         "params": ("count(*)",),
-        "tags": ("count(*)", f"sum({tag_length})", f"sum({tag_length} * {_weight(run)})"),
+        "tags": ("count(*)", f"sum({tag_length})", f"sum({tag_length} * {_weight(run, code)})"),
         "latest_metrics": (
             "count(*)",
             f"sum(x.step % {_PRIME})",
@@ -119,9 +125,14 @@ def _change_totals(run: str, length: str, timestamp: str) -> dict[str, tuple[str
     }
 
 
-_STORE_TOTALS = _change_totals("x.run_uuid", "length(CAST({} AS BLOB))", "x.timestamp")
-# The same totals over the warehouse's rows (DuckDB: ids in run_id, times as timestamps).
-WAREHOUSE_TOTALS = _change_totals("x.run_id", "strlen({})", "epoch_ms(x.ts)")
+_STORE_TOTALS = _change_totals(
+    "x.run_uuid", "length(CAST({} AS BLOB))", "unicode({})", "x.timestamp"
+)
+# The same totals over the warehouse's rows (DuckDB: ids in run_id, times as timestamps,
+# and unicode('') is -1 where SQLite's is NULL).
+WAREHOUSE_TOTALS = _change_totals(
+    "x.run_id", "strlen({})", "nullif(unicode({}), -1)", "epoch_ms(x.ts)"
+)
 # A run still being written to changes between any two imports: checked run by run, so
 # that it does not defeat the whole-store proof for all the others.
 _ACTIVE_STATUSES = ("RUNNING", "SCHEDULED")
@@ -182,7 +193,23 @@ def _totals(reader_frame) -> tuple[int, ...]:
     return tuple(int(v or 0) for v in reader_frame.row(0))
 
 
-_KNOWN_COLUMNS = ("order", "signature", "known_name", "known_commit", "recorded")
+# What the change proof reads of every run: its id, experiment, the columns of its own row
+# that a signature covers, and the start (the import's watermark). Proven runs take the
+# rest of their row from the warehouse as last imported (``KnownRuns.signatures``), the
+# way their names and commits do; the few candidates read their whole rows. The long texts
+# left out (user, artifact URI, source) were 0.08 of the 0.19 s SQLite spent on 100k runs.
+_PROOF_COLUMNS = (
+    "run_id",
+    "experiment_id",
+    "name",
+    "status",
+    "start_time",
+    "end_time",
+    "lifecycle_stage",
+    "deleted_time",
+)
+# The rest of a proven run's row, as the warehouse holds it (name and commit aside).
+_FROM_WAREHOUSE = ("run_id", "user_id", "artifact_uri", "source_name", "source_type")
 
 _NO_DETAILS_SIGNATURE = ":".join("0" for _, _, cols in _SIGNATURE_PARTS.values() for _ in cols)
 
@@ -190,7 +217,7 @@ _NO_DETAILS_SIGNATURE = ":".join("0" for _, _, cols in _SIGNATURE_PARTS.values()
 class _Connection:
     """One ADBC connection: SQL in, Arrow out, nothing of the DB-API layer."""
 
-    def __init__(self, database, autocommit: bool):
+    def __init__(self, database, autocommit: bool, options: dict[str, str]):
         import adbc_driver_manager
 
         self._connection = adbc_driver_manager.AdbcConnection(database)
@@ -199,6 +226,8 @@ class _Connection:
             if not autocommit:
                 self._connection.set_autocommit(False)  # one read transaction: one snapshot
             self._statement = adbc_driver_manager.AdbcStatement(self._connection)
+            if options:
+                self._statement.set_options(**options)
         except BaseException:
             self._connection.close()
             raise
@@ -245,6 +274,12 @@ class SqlStoreReader:
         self._errors = (*error_types, OSError)
         self.con = None
         self._ph = "?" if kind == "sqlite" else "$1"
+        # SQLite's driver hands results over in batches of 1,024 rows by default: 245 Arrow
+        # chunks for 250,000 metric points, each checked and converted on its own (the
+        # checks took 0.03 s, 0.01 s in four chunks).
+        self._statement_options = (
+            {"adbc.sqlite.query.batch_rows": str(SQLITE_BATCH_ROWS)} if kind == "sqlite" else {}
+        )
         self._total_runs = 0
         # Runs whose signatures the last runs() computed in the store (the others were
         # proven unchanged as a whole): what tests observe of the proof.
@@ -254,7 +289,7 @@ class SqlStoreReader:
         self._read_ahead: tuple[set[str], Prefetch[DetailBatch]] | None = None
         self.runs_read_ahead = 0
         try:
-            self.con = _Connection(database, autocommit=False)
+            self.con = _Connection(database, False, self._statement_options)
             self._columns = self._guard(self._table_columns)
             if "runs" not in self._columns or "experiments" not in self._columns:
                 raise InputError(
@@ -344,8 +379,11 @@ class SqlStoreReader:
             out.setdefault(table, set()).add(column)
         return out
 
-    def _col(self, table: str, column: str) -> str:
-        return column if column in self._columns.get(table, set()) else "NULL"
+    def _col(self, table: str, column: str, alias: str | None = None) -> str:
+        """``column`` (of the table aliased ``alias``), or NULL in a store without it."""
+        if column not in self._columns.get(table, set()):
+            return "NULL"
+        return f"{alias}.{column}" if alias else column
 
     def _frame(
         self, sql: str, schema: dict, label: str, con: _Connection | None = None
@@ -394,8 +432,8 @@ class SqlStoreReader:
         )
 
     def runs(self, experiment_ids: list[str], known: KnownRuns | None = None) -> pl.DataFrame:
-        queries = {"runs": self._runs_query()}
         provable = known is not None and self.kind == "sqlite" and "latest_metrics" in self._columns
+        queries = {"runs": self._runs_query(_PROOF_COLUMNS if provable else None)}
         if provable:  # the whole-table totals need no run ids: read beside the runs
             queries |= {
                 table: (
@@ -416,6 +454,8 @@ class SqlStoreReader:
         proven = self._runs_proven_unchanged(runs, known, frames) if provable else None
         if proven is None:  # every signature is computed now: what was read ahead is older
             self._stop_read_ahead()
+            if provable:  # the proof read only part of each run's row
+                runs = self._frame_in_parallel({"runs": self._runs_query()})["runs"]
             runs = self._with_signatures(runs, only=None)
             self.signatures_computed = runs.height
         else:
@@ -441,20 +481,38 @@ class SqlStoreReader:
             self.runs_read_ahead = len(new_ids)
 
     def _details_on_own_connection(self, run_ids: list[str]) -> Iterator[DetailBatch]:
-        con = self._guard(_Connection, self._database, False)
+        con = self._guard(_Connection, self._database, False, self._statement_options)
         try:
             yield from self._details_by_join(run_ids, con)
         finally:
             with contextlib.suppress(RuntimeError, *self._errors):
                 con.close()
 
-    def _runs_query(self) -> tuple[str, dict]:
-        c = lambda col: self._col("runs", col)  # noqa: E731
+    def _runs_query(
+        self, columns: tuple[str, ...] | None = None, only: str | None = None
+    ) -> tuple[str, dict]:
+        """The runs' rows (of the runs in the temporary table ``only``), all of each row's
+        columns or only ``columns`` of it."""
+        c = lambda col: self._col("runs", col, alias="x")  # noqa: E731
+        store_columns = {
+            "run_id": "x.run_uuid",
+            "experiment_id": "CAST(x.experiment_id AS VARCHAR(64))",
+            "name": c("name"),
+            "user_id": "x.user_id",
+            "status": "x.status",
+            "start_time": "x.start_time",
+            "end_time": "x.end_time",
+            "lifecycle_stage": "x.lifecycle_stage",
+            "deleted_time": c("deleted_time"),
+            "artifact_uri": "x.artifact_uri",
+            "source_name": "x.source_name",
+            "source_type": "x.source_type",
+            "source_commit": "x.source_version",
+        }
+        wanted = columns or tuple(store_columns)
         return (
-            f"SELECT run_uuid, CAST(experiment_id AS VARCHAR(64)), {c('name')}, user_id, "
-            f"status, start_time, end_time, lifecycle_stage, {c('deleted_time')}, "
-            f"artifact_uri, source_name, source_type, source_version FROM runs",
-            {k: v for k, v in RUN_SCHEMA.items() if k != "signature"},
+            f"SELECT {', '.join(store_columns[k] for k in wanted)} FROM {_rows_of('runs', only)}",
+            {k: RUN_SCHEMA[k] for k in wanted},
         )
 
     def _signature_queries(self, only: str | None) -> dict[str, tuple[str, dict]]:
@@ -532,7 +590,7 @@ class SqlStoreReader:
         to computing every run's signature, as before.
         """
         stored = known.signatures.select(
-            "run_id",
+            *_FROM_WAREHOUSE,
             "signature",
             known_name="name",
             known_commit="source_commit",
@@ -560,7 +618,8 @@ class SqlStoreReader:
             in_warehouse = known.totals(table, WAREHOUSE_TOTALS[table], not_proven)
             if in_store != in_warehouse:
                 return None
-        checked = self._with_signatures(candidates.drop(_KNOWN_COLUMNS), only="audit_candidates")
+        candidate_rows = self._frame(*self._runs_query(only="audit_candidates"), "runs")
+        checked = self._with_signatures(candidate_rows, only="audit_candidates")
         self.signatures_computed = checked.height
         # Proven unchanged: the name and commit as the warehouse holds them (they may come
         # from tags, which the totals cover), with the signature already recorded.
@@ -597,7 +656,7 @@ class SqlStoreReader:
 
         def run(name: str) -> pl.DataFrame:
             sql, schema = queries[name]
-            con = self._guard(_Connection, self._database, True)
+            con = self._guard(_Connection, self._database, True, self._statement_options)
             try:
                 return self._typed(self._guard(con.table, sql), schema, name)
             finally:
