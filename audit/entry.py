@@ -32,7 +32,7 @@ def main() -> None:
         # The command is done and its warehouse closed; what is left is interpreter
         # teardown, whose cyclic collections walk every object of polars', DuckDB's and
         # pyarrow's module graphs: 70-130 ms of each command (a fifteenth of an
-        # incremental import), 10 ms with those objects frozen out of the collector.
+        # incremental import), 15-20 ms with those objects frozen out of the collector.
         # Objects still reachable are freed by reference counting as modules unload.
         gc.freeze()
 
