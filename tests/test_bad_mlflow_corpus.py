@@ -467,6 +467,15 @@ SQLITE = {
         ]
     },
     "invalid UTF-8 in a run id": (_invalid_utf8("runs", "run_uuid"), "run_id is not valid UTF-8"),
+    # a runs table rebuilt without its constraints (CREATE TABLE AS keeps none) holds a run
+    # with no id: it once ended in DuckDB's NOT NULL violation (exit 3, internal error)
+    "a run without an id": (
+        "CREATE TABLE runs_copy AS SELECT * FROM runs; DROP TABLE runs; "
+        "ALTER TABLE runs_copy RENAME TO runs; "
+        "INSERT INTO runs (run_uuid, status, experiment_id, lifecycle_stage, start_time) "
+        "VALUES (NULL, 'FINISHED', 1, 'active', 1794787200000)",
+        "run at position 7 has no run_id (NULL): a row without an id cannot be imported",
+    ),
     "BLOB run name, not UTF-8": (
         "UPDATE runs SET name = X'FF00FE' WHERE rowid = 2",
         "name is not valid UTF-8 (b'\\xff\\x00\\xfe')",

@@ -95,16 +95,16 @@ _SPECIAL_TAGS = "('mlflow.source.git.commit', 'mlflow.runName')"
 # Changes on several runs can still cancel in every total (a tag moved between two runs
 # whose ids start alike): such a change waits for the daily full check
 # (``FULL_CHECK_HOURS`` in audit.importers.mlflow).
-# Every function call per row costs SQLite a tenth of a second at 400,000 tags: weights
-# from six digits, and w² beside w, took the +1 % import at 100,000 runs from 3.3 to 6
-# CPU-seconds, and the weight's two code points (unicode) cost 0.08 s where the same
-# weight from two instr() of two substr() cost 0.13 s.
+# Every function call per row costs SQLite time at 400,000 tags: weights from six digits,
+# and w² beside w, took the +1 % import at 100,000 runs from 3.3 to 6 CPU-seconds; the
+# weight from two code points (unicode) takes the tags' totals from 0.18-0.26 s (two
+# instr() of two substr()) to 0.13-0.20 s.
 _PRIME = 2_147_483_647
 
 
 def _weight(run: str, code: str) -> str:
     """The weight of a run id: ``code`` formats the dialect's code point of a text's first
-    character (NULL for an empty text)."""
+    character."""
     return f"({code.format(run)} * 131 + {code.format(f'substr({run}, 2, 1)')})"
 
 
@@ -125,13 +125,15 @@ def _change_totals(run: str, length: str, code: str, timestamp: str) -> dict[str
     }
 
 
+# An id shorter than two characters weighs as if the missing ones were code point 1 (a
+# NULL weight would drop its tags from the weighted total).
 _STORE_TOTALS = _change_totals(
-    "x.run_uuid", "length(CAST({} AS BLOB))", "unicode({})", "x.timestamp"
+    "x.run_uuid", "length(CAST({} AS BLOB))", "coalesce(unicode({}), 1)", "x.timestamp"
 )
 # The same totals over the warehouse's rows (DuckDB: ids in run_id, times as timestamps,
 # and unicode('') is -1 where SQLite's is NULL).
 WAREHOUSE_TOTALS = _change_totals(
-    "x.run_id", "strlen({})", "nullif(unicode({}), -1)", "epoch_ms(x.ts)"
+    "x.run_id", "strlen({})", "coalesce(nullif(unicode({}), -1), 1)", "epoch_ms(x.ts)"
 )
 # A run still being written to changes between any two imports: checked run by run, so
 # that it does not defeat the whole-store proof for all the others.
@@ -619,6 +621,13 @@ class SqlStoreReader:
             if in_store != in_warehouse:
                 return None
         candidate_rows = self._frame(*self._runs_query(only="audit_candidates"), "runs")
+        # Each candidate's whole row, found again by its id: an id the join cannot find (a
+        # BLOB where text belongs) or finds twice (a store whose runs lost their primary key)
+        # is not proven anything; every run is then read as on a first import.
+        if candidate_rows.height != candidates.height or not candidate_rows["run_id"].sort().equals(
+            candidates["run_id"].sort()
+        ):
+            return None
         checked = self._with_signatures(candidate_rows, only="audit_candidates")
         self.signatures_computed = checked.height
         # Proven unchanged: the name and commit as the warehouse holds them (they may come
@@ -823,6 +832,12 @@ def checked_frame(table, schema: dict, where: str) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     table = table.rename_columns(list(schema))
     ids = table.column(0)
+    if ids.null_count:  # every row read names its run (or experiment, model) first
+        row = ids.is_null().index(True).as_py()
+        raise InputError(
+            f"{where} at position {row + 1} has no {next(iter(schema))} (NULL): a row "
+            "without an id cannot be imported; correct or delete it in the store"
+        )
     columns = {}
     for index, (name, target) in enumerate(schema.items()):
         column = table.column(index)
