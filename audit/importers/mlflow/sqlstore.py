@@ -48,13 +48,12 @@ SCAN_FRACTION = 0.5  # above this share of changed runs, whole-table scans win o
 # A run's change signature: counts and sums over its params, tags and latest metrics. Three
 # grouped queries on separate connections run side by side (one joined query takes 2.3 s at
 # 100k runs in SQLite, the three in parallel 0.6 s). Per part: table, aggregates, names.
+# Tag lengths are in bytes, as in the whole-store totals below: counted in characters, a tag
+# rewritten to as many bytes in fewer characters moved the signature but not the totals,
+# and the proof called its run unchanged.
 _SIGNATURE_PARTS = {
     "p": ("params", "count(*)", ("n",)),
-    "t": (
-        "tags",
-        "count(*), CAST(sum(length(x.key) + length(coalesce(x.value, ''))) AS BIGINT)",
-        ("n", "len"),
-    ),
+    "t": ("tags", "count(*), CAST(sum({tag_length}) AS BIGINT)", ("n", "len")),
     "m": (
         "latest_metrics",
         "count(*), max(x.timestamp), CAST(sum(x.step) AS BIGINT)",
@@ -63,10 +62,23 @@ _SIGNATURE_PARTS = {
 }
 
 
-def _signature_sql(name: str, table: str | None = None, only: str | None = None) -> str:
+# A text's length in bytes, per store dialect (SQLite's length() of a text stops at a NUL).
+_BYTE_LENGTH = {"sqlite": "length(CAST({} AS BLOB))", "postgres": "octet_length({})"}
+
+
+def _tag_length(byte_length: str) -> str:
+    """A tag's key and value length in bytes (rows aliased x; ``byte_length`` formats one)."""
+    value = "coalesce(x.value, '')"
+    return f"({byte_length.format('x.key')} + {byte_length.format(value)})"
+
+
+def _signature_sql(
+    name: str, byte_length: str, table: str | None = None, only: str | None = None
+) -> str:
     """The per-run query of one signature part, over every run or only those in ``only``
     (a temporary table of run ids)."""
     default_table, aggregates, _ = _SIGNATURE_PARTS[name]
+    aggregates = aggregates.format(tag_length=_tag_length(byte_length))
     return (
         f"SELECT x.run_uuid, {aggregates} FROM {_rows_of(table or default_table, only)} "
         "GROUP BY x.run_uuid"
@@ -112,8 +124,7 @@ def _change_totals(run: str, length: str, code: str, timestamp: str) -> dict[str
     """The totals of each table as SQL aggregates over rows aliased x: ``run`` is the run id
     column, ``length`` a byte-length function of the dialect, ``code`` its code point of a
     first character, ``timestamp`` epoch ms."""
-    value = "coalesce(x.value, '')"
-    tag_length = f"({length.format('x.key')} + {length.format(value)})"
+    tag_length = _tag_length(length)
     return {
         "params": ("count(*)",),
         "tags": ("count(*)", f"sum({tag_length})", f"sum({tag_length} * {_weight(run, code)})"),
@@ -128,7 +139,7 @@ def _change_totals(run: str, length: str, code: str, timestamp: str) -> dict[str
 # An id shorter than two characters weighs as if the missing ones were code point 1 (a
 # NULL weight would drop its tags from the weighted total).
 _STORE_TOTALS = _change_totals(
-    "x.run_uuid", "length(CAST({} AS BLOB))", "coalesce(unicode({}), 1)", "x.timestamp"
+    "x.run_uuid", _BYTE_LENGTH["sqlite"], "coalesce(unicode({}), 1)", "x.timestamp"
 )
 # The same totals over the warehouse's rows (DuckDB: ids in run_id, times as timestamps,
 # and unicode('') is -1 where SQLite's is NULL).
@@ -139,9 +150,6 @@ WAREHOUSE_TOTALS = _change_totals(
 # that it does not defeat the whole-store proof for all the others.
 _ACTIVE_STATUSES = ("RUNNING", "SCHEDULED")
 
-
-# MLflow before 1.9 (2019) has no latest_metrics table: its history stands in for it.
-_SIGNATURE_WITHOUT_LATEST = _signature_sql("m", table="metrics")
 # What every MLflow tracking database since the first has; without one it is not a store.
 REQUIRED_TABLES = ("experiments", "runs", "params", "tags", "metrics")
 # Names of rows in messages: "<location>: <label> <first column of the row>: <problem>"
@@ -527,15 +535,16 @@ class SqlStoreReader:
             ),
             **{
                 name: (
-                    _signature_sql(name, only=only),
+                    _signature_sql(name, _BYTE_LENGTH[self.kind], only=only),
                     {"run_id": pl.String} | {f"{name}_{c}": pl.Int64 for c in columns},
                 )
                 for name, (_, _, columns) in _SIGNATURE_PARTS.items()
             },
         }
+        # MLflow before 1.9 (2019) has no latest_metrics table: its history stands in for it.
         if "latest_metrics" not in self._columns:
             queries["m"] = (
-                _signature_sql("m", table="metrics", only=only),
+                _signature_sql("m", _BYTE_LENGTH[self.kind], table="metrics", only=only),
                 queries["m"][1],
             )
         return queries
