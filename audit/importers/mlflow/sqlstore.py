@@ -62,8 +62,13 @@ _SIGNATURE_PARTS = {
 }
 
 
-# A text's length in bytes, per store dialect (SQLite's length() of a text stops at a NUL).
-_BYTE_LENGTH = {"sqlite": "length(CAST({} AS BLOB))", "postgres": "octet_length({})"}
+# A text's length in bytes, per dialect: the stores' and the warehouse's (DuckDB). SQLite's
+# length() of a text counts characters and stops at a NUL.
+_BYTE_LENGTH = {
+    "sqlite": "length(CAST({} AS BLOB))",
+    "postgres": "octet_length({})",
+    "duckdb": "strlen({})",
+}
 
 
 def _tag_length(byte_length: str) -> str:
@@ -144,7 +149,7 @@ _STORE_TOTALS = _change_totals(
 # The same totals over the warehouse's rows (DuckDB: ids in run_id, times as timestamps,
 # and unicode('') is -1 where SQLite's is NULL).
 WAREHOUSE_TOTALS = _change_totals(
-    "x.run_id", "strlen({})", "coalesce(nullif(unicode({}), -1), 1)", "epoch_ms(x.ts)"
+    "x.run_id", _BYTE_LENGTH["duckdb"], "coalesce(nullif(unicode({}), -1), 1)", "epoch_ms(x.ts)"
 )
 # A run still being written to changes between any two imports: checked run by run, so
 # that it does not defeat the whole-store proof for all the others.
