@@ -265,6 +265,11 @@ class Rule:
     # ``audit scan`` drops each one after its last reader, to bound memory; a name left out
     # makes a later reader compute it again (time), never gives another result.
     reads_shared: ClassVar[frozenset[str]] = frozenset()
+    # True for a rule whose work is DuckDB queries and which reads no shared computation:
+    # a scan runs it on a second thread and connection while the other rules' Python runs
+    # (DuckDB releases the GIL in a query). Its temporary tables and registered frames are
+    # its connection's own.
+    alone: ClassVar[bool] = False
     recommendation: ClassVar[str] = ""
 
     def check(self, ctx: RuleContext) -> Iterable[Finding]:

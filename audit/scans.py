@@ -8,7 +8,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import polars as pl
@@ -17,6 +17,7 @@ from audit.config import Config
 from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
 from audit.rule_registry import all_rules, effective_thresholds
 from audit.warehouse.allocator import return_freed_memory, return_freed_memory_if_grown
+from audit.warehouse.alongside import alongside
 from audit.windows import Window
 
 
@@ -81,46 +82,73 @@ def run_rules(
     is dropped after the last rule that reads it: a scan then holds at most the facts its
     remaining rules need. Without it, everything stays for the caller's next scan (a
     report scans several weeks with the same facts).
+
+    The rules that run ``alone`` (their work is DuckDB queries: see ``Rule.alone``) run on
+    a second thread and connection, alongside the others.
     """
-    results = []
     shared = {} if shared is None else shared
+    results: dict[str, RuleResult] = {}
     # whether a table has rows, asked by every rule's ``needs``: once per table and scan
     # (22 rules ask for about ten tables; a report scans eight weeks)
     has_rows: dict[str, bool] = {}
-    for index, rule_class in enumerate(rules):
-        if index:
-            if keep is not None:
-                _drop_unread(shared, rules[index:], keep)
-            return_freed_memory_if_grown(con)
-        started = time.monotonic()
-        thresholds = effective_thresholds(rule_class, config)
-        ctx = RuleContext(
-            con=con, config=config, thresholds=thresholds, window=window, shared=shared
-        )
-        missing = [
-            why for table, why in rule_class.needs.items() if not _has_rows(con, table, has_rows)
-        ]
-        if missing:
-            results.append(RuleResult(rule_class.code, "skipped", "; ".join(missing)))
-            continue
-        try:
-            findings = list(rule_class().check(ctx))
-            result = RuleResult(rule_class.code, "ok", findings=findings, notes=ctx.notes)
-        except Skip as exc:
-            result = RuleResult(rule_class.code, "skipped", str(exc), notes=ctx.notes)
-        except Exception as exc:  # one broken rule must not stop the scan
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            result = RuleResult(
-                rule_class.code,
-                "error",
-                f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})",
-            )
-        result.seconds = time.monotonic() - started
-        results.append(result)
+    alone = [rule for rule in rules if rule.alone] if len(rules) > 1 else []
+    with alongside(con) as second:
+        running = {
+            rule.code: second.submit(partial(_run_rule, rule, config=config, window=window))
+            for rule in alone
+        }
+        for index, rule_class in enumerate(rules):
+            if rule_class in alone:
+                continue
+            if index:
+                if keep is not None:
+                    _drop_unread(shared, rules[index:], keep)
+                return_freed_memory_if_grown(con)
+            results[rule_class.code] = _run_rule(rule_class, con, config, window, shared, has_rows)
+        results.update((code, future.result()) for code, future in running.items())
     if keep is not None:
         _drop_unread(shared, [], keep)
     return_freed_memory(con)
-    return results
+    return [results[rule.code] for rule in rules]
+
+
+def _run_rule(
+    rule_class: type[Rule],
+    con,
+    config: Config,
+    window: Window,
+    shared: dict | None = None,
+    has_rows: dict[str, bool] | None = None,
+) -> RuleResult:
+    started = time.monotonic()
+    thresholds = effective_thresholds(rule_class, config)
+    ctx = RuleContext(
+        con=con,
+        config=config,
+        thresholds=thresholds,
+        window=window,
+        shared={} if shared is None else shared,
+    )
+    has_rows = {} if has_rows is None else has_rows
+    missing = [
+        why for table, why in rule_class.needs.items() if not _has_rows(con, table, has_rows)
+    ]
+    if missing:
+        return RuleResult(rule_class.code, "skipped", "; ".join(missing))
+    try:
+        findings = list(rule_class().check(ctx))
+        result = RuleResult(rule_class.code, "ok", findings=findings, notes=ctx.notes)
+    except Skip as exc:
+        result = RuleResult(rule_class.code, "skipped", str(exc), notes=ctx.notes)
+    except Exception as exc:  # one broken rule must not stop the scan
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        result = RuleResult(
+            rule_class.code,
+            "error",
+            f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})",
+        )
+    result.seconds = time.monotonic() - started
+    return result
 
 
 def _drop_unread(shared: dict, later: list[type[Rule]], keep: frozenset[str]) -> None:

@@ -48,6 +48,7 @@ class IdleHost(Rule):
         "gpu_samples": "no GPU telemetry imported",
         "jobs": "no Slurm jobs imported (cannot tell idle hosts)",
     }
+    alone = True
     thresholds = {
         "min_idle_hours": Threshold(4.0, "flag idle stretches at least this long", 0.5, unit="h"),
         "max_gap_minutes": Threshold(

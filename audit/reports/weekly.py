@@ -23,6 +23,8 @@ from audit.rule_registry import all_rules, effective_thresholds, get_rule, selec
 from audit.scans import LAST_CHANGE_SQL, ScanResult, complete_scan, load_scan, scan, selection
 from audit.status import warehouse_status
 from audit.summary import summarise
+from audit.warehouse.alongside import alongside
+from audit.warehouse.store import Warehouse
 from audit.windows import Window, now
 
 TREND_WEEKS = 8
@@ -135,8 +137,13 @@ def build_report(
     tz = config.timezone
     rules = select_rules()
     shared: dict = {}  # run and job facts: computed once, used by every scan and part below
-    if result is None:
-        result = _week_scan(wh, config, rules, window, shared, fresh=True)
+    with alongside(wh.con) as second:
+        # only queries, on a connection of their own: they run during the week's scan
+        coverage = second.submit(
+            lambda con: _coverage(Warehouse(wh.path, con, wh.read_only), window)
+        )
+        if result is None:
+            result = _week_scan(wh, config, rules, window, shared, fresh=True)
     summary = summarise(result, wh.con, config, shared)
     report = {
         "kind": "weekly" if weekly else "scan",
@@ -165,7 +172,7 @@ def build_report(
     }
     report["headline"] = _headline(summary)
     report["activity"] = _activity(wh, config, window, shared)
-    report["coverage"] = _coverage(wh, window)
+    report["coverage"] = coverage.result()
     report["methods"] = _methods(wh, config, window, summary, shared)
     report["categories"] = _categories(wh, config, summary, result)
     report["matrix"] = _matrix(wh, config, window, shared)

@@ -36,6 +36,8 @@ from functools import cache
 
 import duckdb
 
+from audit.warehouse.alongside import busy
+
 _PURGE_ALL_ARENAS = b"arena.4096.purge"  # 4096 is jemalloc's MALLCTL_ARENAS_ALL
 _EVICTION_LIMIT = "32MB"  # the pool's size for a moment: blocks pinned by nobody leave it
 WORTH_RETURNING = 32 * 2**20  # bytes of growth since the last return before another one
@@ -67,8 +69,12 @@ def return_freed_memory(con: duckdb.DuckDBPyConnection | None = None) -> bool:
     """Give the pages DuckDB freed back to the OS, and with ``con`` evict the table blocks
     its buffer pool cached; whether the pages could be given back (jemalloc).
 
-    Call it between queries, not during one: it takes every arena's lock in turn.
+    Call it between queries, not during one: it takes every arena's lock in turn, and the
+    pool's limit lowered for a moment would fail a query. So nothing happens while a query
+    may run on a second connection (``alongside.busy()``); the next call returns the pages.
     """
+    if busy():
+        return False
     if con is not None:
         _evict_cached_blocks(con)
     mallctl = _mallctl()
@@ -81,6 +87,8 @@ def return_freed_memory_if_grown(con: duckdb.DuckDBPyConnection) -> bool:
     """``return_freed_memory(con)`` when the process's resident size grew by
     ``WORTH_RETURNING`` since the last time this returned memory (always where the size
     cannot be read); whether it ran."""
+    if busy():
+        return False
     before = _resident_bytes()
     last = _resident_after_return[0]
     if before is not None and last is not None and before - last < WORTH_RETURNING:
