@@ -69,7 +69,9 @@ class Alongside:
         """Wait for this block's work; with ``interrupt``, cancel what has not started and
         end the running query first (Ctrl-C, or a failure that makes the results useless)."""
         if interrupt:
-            for future, connection in self._work:
+            # the last first: a cancelled piece is skipped, and the thread would start the
+            # next before it was cancelled
+            for future, connection in reversed(self._work):
                 if future.cancel():
                     _finished(connection)
                 else:
