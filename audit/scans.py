@@ -105,7 +105,7 @@ def run_rules(
                     _drop_unread(shared, rules[index:], keep)
                 return_freed_memory_if_grown(con)
             results[rule_class.code] = _run_rule(rule_class, con, config, window, shared, has_rows)
-        results.update((code, future.result()) for code, future in running.items())
+    results.update((code, future.result()) for code, future in running.items())  # all done
     if keep is not None:
         _drop_unread(shared, [], keep)
     return_freed_memory(con)

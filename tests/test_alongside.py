@@ -4,6 +4,8 @@ memory returned while it runs."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from datetime import datetime
@@ -98,6 +100,32 @@ def test_ctrl_c_in_the_caller_ends_the_query_alongside_at_once():
         assert started.wait(10)
         time.sleep(0.2)  # inside the query
         raise KeyboardInterrupt
+    assert time.monotonic() - began < 10
+    assert isinstance(future.exception(), duckdb.InterruptException)
+    assert not busy()
+
+
+def test_ctrl_c_while_the_caller_waits_for_the_work_ends_its_query():
+    con = duckdb.connect()
+    started = threading.Event()
+
+    def endless(connection):
+        started.set()
+        return connection.execute(ENDLESS).fetchall()
+
+    def ctrl_c():
+        started.wait(10)
+        time.sleep(0.3)  # the caller is waiting at the block's end by now
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c).start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), alongside(con) as second:
+        future = second.submit(endless)
+        # were the wait deaf to the Ctrl-C, this ends it: a failure, not a hung test
+        watchdog = threading.Timer(20, second.close, kwargs={"interrupt": True})
+        watchdog.start()
+    watchdog.cancel()
     assert time.monotonic() - began < 10
     assert isinstance(future.exception(), duckdb.InterruptException)
     assert not busy()

@@ -28,6 +28,7 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _running = 0  # pieces of work submitted and not finished
 _thread: list[ThreadPoolExecutor] = []  # the one thread, made at the first submit
+WAKE_SECONDS = 0.1  # how soon the caller, waiting for the work, sees a Ctrl-C
 
 
 def busy() -> bool:
@@ -77,7 +78,11 @@ class Alongside:
                 else:
                     with suppress(duckdb.Error):  # closed: its work is done
                         connection.interrupt()
-        wait([future for future, _ in self._work])
+        pending = {future for future, _ in self._work}
+        while pending:
+            # in steps: Ctrl-C taken by another thread (the kernel picks any) runs its
+            # handler in the main thread only when that thread runs Python again
+            pending = wait(pending, timeout=WAKE_SECONDS).not_done
 
 
 def _finished(connection: duckdb.DuckDBPyConnection) -> None:
@@ -94,7 +99,7 @@ def alongside(con: duckdb.DuckDBPyConnection) -> Iterator[Alongside]:
     second = Alongside(con)
     try:
         yield second
+        second.close()  # Ctrl-C while waiting here interrupts the work too
     except BaseException:
         second.close(interrupt=True)
         raise
-    second.close()
