@@ -13,6 +13,7 @@ from typing import Any
 
 import polars as pl
 
+from audit import interrupts
 from audit.config import Config
 from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
 from audit.rule_registry import all_rules, effective_thresholds
@@ -141,6 +142,8 @@ def _run_rule(
     except Skip as exc:
         result = RuleResult(rule_class.code, "skipped", str(exc), notes=ctx.notes)
     except Exception as exc:  # one broken rule must not stop the scan
+        if interrupts.requested():  # Ctrl-C, wrapped by DuckDB or polars: not the rule's error
+            raise KeyboardInterrupt from exc
         where = traceback.extract_tb(exc.__traceback__)[-1]
         result = RuleResult(
             rule_class.code,

@@ -13,6 +13,7 @@ from datetime import datetime
 import duckdb
 import pytest
 
+from audit import interrupts
 from audit.config import load_config
 from audit.rule_api import Rule, Severity
 from audit.rule_registry import all_rules, get_rule, select_rules
@@ -181,3 +182,38 @@ def test_all_work_of_the_process_runs_on_one_thread_in_order():
             inner.submit(lambda c: names.append(threading.current_thread().name))
     assert len(names) == 2 and names[0] == names[1] != threading.current_thread().name
     assert alongside_module._running == 0
+
+
+class _InterruptedInLibrary(Rule):
+    """A rule whose query gets Ctrl-C, which the library wraps in its own error (as DuckDB
+    and polars do)."""
+
+    code = "XXX902"
+    name = "interrupted"
+    severity = Severity.LOW
+    family_label = "test"
+
+    def check(self, ctx):
+        try:
+            interrupts._on_sigint(signal.SIGINT, None)
+        except KeyboardInterrupt:
+            raise RuntimeError("INTERRUPT Error: Interrupted!") from None
+        yield from ()
+
+
+@pytest.mark.parametrize("alone", [False, True], ids=["in line", "alongside"])
+def test_ctrl_c_wrapped_by_a_library_ends_the_scan_rather_than_failing_the_rule(
+    fresh_demo_db, monkeypatch, alone
+):
+    """An interrupted scan is not stored with an error result in place of the rule's
+    findings (a later report would reuse it as complete)."""
+    monkeypatch.setattr(interrupts, "_requested", False)
+    monkeypatch.setattr(_InterruptedInLibrary, "alone", alone)
+    config = load_config(fresh_demo_db["config"])
+    rules = [*select_rules("CKP001"), _InterruptedInLibrary]
+    with (
+        open_warehouse(fresh_demo_db["db"], read_only=True) as wh,
+        pytest.raises(KeyboardInterrupt),
+    ):
+        run_rules(wh.con, config, rules, ALL_HISTORY)
+    assert not busy()
