@@ -30,6 +30,16 @@ IdleHost = get_rule("IDL003")  # the registry's class: the one a scan runs
 ENDLESS = "SELECT sum(hash(i)) FROM range(10000000000000) t(i)"
 
 
+def _endless(started: threading.Event):
+    """Work that sets ``started`` and runs ``ENDLESS``."""
+
+    def work(connection):
+        started.set()
+        return connection.execute(ENDLESS).fetchall()
+
+    return work
+
+
 def _scan(db, config, window: Window) -> list[tuple]:
     with open_warehouse(db, read_only=True) as wh:
         results = run_rules(wh.con, config, select_rules(), window)
@@ -90,10 +100,7 @@ def test_a_rule_failing_alongside_is_an_error_result_and_the_others_run(fresh_de
 def test_ctrl_c_in_the_caller_ends_the_query_alongside_at_once():
     con = duckdb.connect()
     started = threading.Event()
-
-    def endless(connection):
-        started.set()
-        return connection.execute(ENDLESS).fetchall()
+    endless = _endless(started)
 
     began = time.monotonic()
     with pytest.raises(KeyboardInterrupt), alongside(con) as second:
@@ -109,10 +116,7 @@ def test_ctrl_c_in_the_caller_ends_the_query_alongside_at_once():
 def test_ctrl_c_while_the_caller_waits_for_the_work_ends_its_query():
     con = duckdb.connect()
     started = threading.Event()
-
-    def endless(connection):
-        started.set()
-        return connection.execute(ENDLESS).fetchall()
+    endless = _endless(started)
 
     def ctrl_c():
         started.wait(10)
