@@ -41,18 +41,28 @@ class Step:
     target: str = ""
     met: bool | None = None
     note: str = ""
+    # per rep, the cores the rest of the machine used meanwhile (see ``Outcome``)
+    others: list[float] = field(default_factory=list)
+    steal: list[float] = field(default_factory=list)
 
     def median(self) -> float:
         return statistics.median(self.values)
 
+    def add(self, value: float, outcome: Outcome | None = None) -> None:
+        self.values.append(value)
+        if outcome is not None and outcome.others is not None:
+            self.others.append(outcome.others)
+            self.steal.append(outcome.steal)
+
     def row(self) -> str:
         if not self.values:
-            return f"| {self.name} | — | — | — | {self.target} | | {self.note} |"
+            return f"| {self.name} | — | — | — | {self.target} | | | {self.note} |"
         spread = f"{_fmt(min(self.values))}-{_fmt(max(self.values))}"
         verdict = {True: "met", False: "**missed**", None: ""}[self.met]
+        elsewhere = f"{max(self.others):.2f} / {max(self.steal):.2f}" if self.others else ""
         return (
             f"| {self.name} | {_fmt(self.median())} {self.unit} | {spread} | {len(self.values)} "
-            f"| {self.target} | {verdict} | {self.note} |"
+            f"| {self.target} | {verdict} | {elsewhere} | {self.note} |"
         )
 
 
@@ -64,9 +74,31 @@ def _fmt(value: float) -> str:
 
 @dataclass
 class Outcome:
+    """One command's wall time, peak RSS and output, and what the rest of the machine did
+    meanwhile, in cores (CPU seconds per second of wall): ``others``, every other process;
+    ``steal``, the hypervisor's steal (CPU the virtual machine was owed and not given).
+    A step slowed by either is slow for reasons outside the code. None off Linux."""
+
     seconds: float
     peak_rss_mib: float
     stdout: str
+    others: float | None = None
+    steal: float | None = None
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(seconds of CPU busy, seconds stolen) summed over the machine's cores since boot,
+    from /proc/stat; None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    # cpu user nice system idle iowait irq softirq steal ...
+    ticks = [int(v) for v in fields[1:9]]
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]
+    return busy / tick, ticks[7] / tick
 
 
 def run_audit(data: DataSet, db: Path, *args: str) -> Outcome:
@@ -75,16 +107,23 @@ def run_audit(data: DataSet, db: Path, *args: str) -> Outcome:
     env = {**os.environ, "AUDIT_NOW": AUDIT_NOW}
     out_path, err_path = data.root / "last.stdout", data.root / "last.stderr"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        before = machine_cpu()
         started = time.perf_counter()
         process = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - started
+        after = machine_cpu()
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode not in (0, 1):  # 1: findings at --fail-on, not a failure here
         raise SystemExit(
             f"{' '.join(cmd)} exited {process.returncode}:\n{err_path.read_text()[-2000:]}"
         )
-    return Outcome(seconds, usage.ru_maxrss / 1024, out_path.read_text())
+    outcome = Outcome(seconds, usage.ru_maxrss / 1024, out_path.read_text())
+    if before is not None and after is not None:
+        own = usage.ru_utime + usage.ru_stime
+        outcome.others = max(0.0, after[0] - before[0] - own) / seconds
+        outcome.steal = (after[1] - before[1]) / seconds
+    return outcome
 
 
 def bench_import(data: DataSet, reps: int, work: Path) -> tuple[list[Step], Path]:
@@ -99,8 +138,8 @@ def bench_import(data: DataSet, reps: int, work: Path) -> tuple[list[Step], Path
         warehouse.unlink(missing_ok=True)
         outcome = run_audit(data, warehouse, "ingest", "mlflow", "--tracking-uri", uri)
         _expect(outcome, f"imported {size.runs:,} new or changed runs".replace(",", ""))
-        full_s.values.append(outcome.seconds)
-        full.values.append(size.runs / outcome.seconds * 60)
+        full_s.add(outcome.seconds, outcome)
+        full.add(size.runs / outcome.seconds * 60, outcome)
         full_rss.values.append(outcome.peak_rss_mib)
     full.met = full.median() >= 100_000
     incremental = Step(f"incremental import (+{size.new_runs:,} runs, 1 %)", "s", target="< 2 s")
@@ -110,14 +149,13 @@ def bench_import(data: DataSet, reps: int, work: Path) -> tuple[list[Step], Path
         shutil.copyfile(warehouse, scratch)
         outcome = run_audit(data, scratch, "ingest", "mlflow", "--tracking-uri", uri)
         _expect(outcome, f"imported {size.new_runs} new or changed runs")
-        incremental.values.append(outcome.seconds)
+        incremental.add(outcome.seconds, outcome)
         incremental.note = "in-process: " + _reported_seconds(outcome.stdout)
     incremental.met = incremental.median() < 2
     unchanged = Step("unchanged re-import", "s")
     for _ in range(reps):
-        unchanged.values.append(
-            run_audit(data, scratch, "ingest", "mlflow", "--tracking-uri", uri).seconds
-        )
+        outcome = run_audit(data, scratch, "ingest", "mlflow", "--tracking-uri", uri)
+        unchanged.add(outcome.seconds, outcome)
     data.use_store(data.base_store)
     return [full, full_s, full_rss, incremental, unchanged], warehouse
 
@@ -136,11 +174,11 @@ def bench_server(data: DataSet, reps: int, work: Path) -> list[Step]:
             warehouse.unlink(missing_ok=True)
             outcome = run_audit(data, warehouse, "ingest", "mlflow", "--tracking-uri", url)
             _expect(outcome, f"imported {size.runs} new or changed runs")
-            full.values.append(size.runs / outcome.seconds * 60)
+            full.add(size.runs / outcome.seconds * 60, outcome)
         for _ in range(reps):
             outcome = run_audit(data, warehouse, "ingest", "mlflow", "--tracking-uri", url)
             _expect(outcome, f"imported 0 new or changed runs ({size.runs} unchanged)")
-            unchanged.values.append(outcome.seconds)
+            unchanged.add(outcome.seconds, outcome)
     full.met = full.median() >= 20_000
     full.note = unchanged.note = server.server_cores_note()
     return [full, unchanged]
@@ -166,7 +204,7 @@ def bench_telemetry(data: DataSet, reps: int, work: Path) -> list[Step]:
         db.unlink(missing_ok=True)
         outcome = run_audit(data, db, "ingest", "gpu", *files)
         _expect(outcome, f"imported {rows} GPU samples")
-        rate.values.append(rows / outcome.seconds)
+        rate.add(rows / outcome.seconds, outcome)
         rate_rss.values.append(outcome.peak_rss_mib)
     rate.met = rate.median() >= 2_000_000
     return [rate, rate_rss]
@@ -176,19 +214,19 @@ def bench_scan(data: DataSet, reps: int, work: Path, imported: Path) -> tuple[li
     db = work / "full.duckdb"
     shutil.copyfile(imported, db)
     sacct = Step("sacct import", "s")
-    sacct.values.append(run_audit(data, db, "ingest", "slurm", str(data.sacct)).seconds)
+    outcome = run_audit(data, db, "ingest", "slurm", str(data.sacct))
+    sacct.add(outcome.seconds, outcome)
     run_audit(data, db, "ingest", "gpu", *map(str, data.telemetry_files()))
     checkpoints = Step("checkpoint inventory", "s")
-    checkpoints.values.append(
-        run_audit(data, db, "ingest", "checkpoints", str(data.scratch)).seconds
-    )
+    outcome = run_audit(data, db, "ingest", "checkpoints", str(data.scratch))
+    checkpoints.add(outcome.seconds, outcome)
     wall = Step("`audit scan` (all history)", "s", target="< 10 s")
     rss = Step("`audit scan` peak RSS", "MiB", target="< 1,024 MiB")
     for _ in range(reps):
         outcome = run_audit(
             data, db, "scan", "--format", "json", "--output", str(work / "scan.json")
         )
-        wall.values.append(outcome.seconds)
+        wall.add(outcome.seconds, outcome)
         rss.values.append(outcome.peak_rss_mib)
     wall.met, rss.met = wall.median() < 10, max(rss.values) < 1024
     summary = json.loads((work / "scan.json").read_text())["summary"]
@@ -205,11 +243,13 @@ def bench_report(data: DataSet, reps: int, work: Path, db: Path) -> list[Step]:
     fresh = work / "first-render.duckdb"
     for _ in range(reps):
         shutil.copyfile(db, fresh)
-        first.values.append(run_audit(data, fresh, *args).seconds)
+        outcome = run_audit(data, fresh, *args)
+        first.add(outcome.seconds, outcome)
     first.met = first.median() < 10
     later = Step("weekly report, later renders (HTML)", "s", target="< 2 s")
     for _ in range(reps):
-        later.values.append(run_audit(data, fresh, *args).seconds)
+        outcome = run_audit(data, fresh, *args)
+        later.add(outcome.seconds, outcome)
     later.met = later.median() < 2
     later.note = f"{out.stat().st_size / 1024:,.0f} KB; the stored scans of the first render reused"
     fresh.unlink()
@@ -247,9 +287,13 @@ def render(size_name: str, reps: int, steps: list[Step], search_table: str) -> s
         "",
         f"`python -m bench --size {size_name} --reps {reps}` on {machine()}.",
         "Medians of the repetitions; every step is the `audit` command in a fresh process.",
+        "*elsewhere*: the most cores the rest of the machine used during one repetition, as",
+        "other processes / the hypervisor's steal (for the tracking server, its workers are",
+        "among the others); a step timed while they used a core is slow for reasons outside",
+        "the code.",
         "",
-        "| step | median | min-max | reps | target | | note |",
-        "|---|--:|--:|--:|---|---|---|",
+        "| step | median | min-max | reps | target | | elsewhere | note |",
+        "|---|--:|--:|--:|---|---|--:|---|",
         *[s.row() for s in steps],
         "",
         "Search, per filter (same store, same process):",
