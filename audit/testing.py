@@ -75,6 +75,7 @@ from audit.importers.params import normalised_params
 from audit.rule_registry import get_rule
 from audit.scans import RuleResult, run_rules
 from audit.warehouse import open_warehouse
+from audit.warehouse.samples import append_samples
 from audit.windows import Window
 
 T0 = datetime(2026, 11, 16)
@@ -255,13 +256,7 @@ def build_warehouse(path: Path, data: dict, config_text: str = "") -> tuple[Any,
                     }
                 )
             t += step
-        insert_frame(
-            con,
-            "gpu_samples",
-            pl.DataFrame(rows).with_columns(
-                pl.col("util_pct", "mem_used_mib", "mem_total_mib").cast(pl.Float32)
-            ),
-        )
+        append_samples(con, pl.DataFrame(rows))
     for c in data.get("checkpoints", []):
         con.execute(
             "INSERT INTO checkpoints (root, path, kind, step, bytes, files, mtime, is_best, run_dir) "

@@ -234,3 +234,16 @@ def audit_process(db: Path, *args: str, env: dict | None = None) -> subprocess.P
         cwd=REPO,
         env=env,
     )
+
+
+def add_samples(con, columns: str, rows: list[tuple]) -> None:
+    """GPU samples written as the importers write them (``audit.warehouse.samples``; the
+    view ``gpu_samples`` takes no INSERT): ``columns`` names the tuples' fields, e.g.
+    ``"host, gpu, ts, origin"``."""
+    import polars as pl
+
+    from audit.warehouse.samples import READING_SCHEMA, append_samples
+
+    names = [name.strip() for name in columns.split(",")]
+    schema = {name: READING_SCHEMA.get(name, pl.String) for name in names}
+    append_samples(con, pl.DataFrame(rows, schema=schema, orient="row"))

@@ -13,6 +13,7 @@ left by an older version are cleared on upgrade, after which every reader works.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import time
@@ -26,7 +27,7 @@ from click.testing import CliRunner
 from audit.cli import cli
 from audit.docs import iter_commands
 from audit.warehouse.migrations import MIGRATIONS, V8
-from tests.helpers import REPO
+from tests.helpers import REPO, add_samples
 
 SAMPLE = REPO / "sample_logs"
 BIG = "x" * 1_000_000
@@ -138,17 +139,18 @@ def _seed(con) -> None:
         )
         con.execute("INSERT INTO job_nodes VALUES ('default', ?, ?)", [f"9{i}", host])
     for ts in (LO, HI):
-        for value in ("'nan'", "'inf'", "'-inf'"):
-            con.execute(
-                f"INSERT INTO gpu_samples VALUES (?, '0', {ts}, {value}::REAL, {value}::REAL, "
-                f"{value}::REAL, {value}::REAL, ?, ?, NULL, NULL, 'nvidia-smi', NULL, NULL)",
-                [host, CONTROL, CONTROL],
-            )
-            # a sample the run logged itself (W&B system metrics): it carries its run
-            con.execute(
-                f"INSERT INTO gpu_samples VALUES (?, '1', {ts}, {value}::REAL, {value}::REAL, "
-                f"{value}::REAL, {value}::REAL, ?, ?, NULL, NULL, 'wandb', ?, ?)",
-                [host, CONTROL, CONTROL, source, RUN],
+        moment = con.execute(f"SELECT {ts}").fetchall()[0][0]
+        for value in (math.nan, math.inf, -math.inf):
+            numbers = (value,) * 4
+            add_samples(
+                con,
+                "host, gpu, ts, util_pct, mem_used_mib, mem_total_mib, power_w, model, uuid, "
+                "origin, source_id, run_id",
+                [
+                    (host, "0", moment, *numbers, CONTROL, CONTROL, "nvidia-smi", None, None),
+                    # a sample the run logged itself (W&B system metrics): it carries its run
+                    (host, "1", moment, *numbers, CONTROL, CONTROL, "wandb", source, RUN),
+                ],
             )
     root = "/scratch/" + PATH_CONTROL
     for ts in (LO, HI):
@@ -365,6 +367,12 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     con.execute(
         f"UPDATE jobs SET end_time = {OUT_OF_RANGE[0]} WHERE job_id = (SELECT min(job_id) FROM jobs)"
     )
+    # GPU samples in one table, as V8 had them (V10 made them a view over two tables)
+    con.execute("CREATE TABLE gpu_samples_v8 AS SELECT * FROM gpu_samples")
+    con.execute("DROP VIEW gpu_samples")
+    con.execute("DROP TABLE gpu_readings")
+    con.execute("DROP TABLE gpu_series")
+    con.execute("ALTER TABLE gpu_samples_v8 RENAME TO gpu_samples")
     con.execute(f"UPDATE gpu_samples SET ts = {OUT_OF_RANGE[1]} WHERE rowid < 10")
     con.execute(f"UPDATE checkpoints SET mtime = {OUT_OF_RANGE[0]} WHERE rowid = 0")
     # as the version before the clean-up (V8) left it: without the later tables (V9)

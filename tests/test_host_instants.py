@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.warehouse.intervals import host_instants
+from audit.warehouse.samples import delete_samples
 from audit.warehouse.store import open_warehouse
+from tests.helpers import add_samples
 
 T0 = datetime(2026, 11, 23, 8, 0)
 
@@ -74,12 +76,12 @@ def test_gpus_per_instant_equal_count_distinct(warehouse, samples, since_minute)
     """Duplicates (two runs logging one GPU at one second), mixed label kinds in one
     instant and a window condition with a parameter all give count(DISTINCT gpu)."""
     con = warehouse.con
-    con.execute("DELETE FROM gpu_samples")
-    if samples:
-        con.executemany(
-            "INSERT INTO gpu_samples (host, gpu, ts, model, origin) VALUES (?, ?, ?, ?, 'nvidia-smi')",
-            [(h, g, T0 + timedelta(minutes=m), model) for h, g, m, model in samples],
-        )
+    delete_samples(con, "true")
+    add_samples(
+        con,
+        "host, gpu, ts, model, origin",
+        [(h, g, T0 + timedelta(minutes=m), model, "nvidia-smi") for h, g, m, model in samples],
+    )
     where, params = "TRUE", []
     if since_minute is not None:
         where, params = "ts >= ?", [T0 + timedelta(minutes=since_minute)]
@@ -88,9 +90,14 @@ def test_gpus_per_instant_equal_count_distinct(warehouse, samples, since_minute)
 
 def test_model_is_one_the_instant_reported(warehouse):
     con = warehouse.con
-    con.executemany(
-        "INSERT INTO gpu_samples (host, gpu, ts, model, origin) VALUES (?, ?, ?, ?, 'dcgm')",
-        [("h", "0", T0, None), ("h", "GPU-1", T0, "A100"), ("h", "1", T0, None)],
+    add_samples(
+        con,
+        "host, gpu, ts, model, origin",
+        [
+            ("h", "0", T0, None, "dcgm"),
+            ("h", "GPU-1", T0, "A100", "dcgm"),
+            ("h", "1", T0, None, "dcgm"),
+        ],
     )
     rows = con.execute(f"SELECT gpus, model FROM {host_instants()}").fetchall()
     assert rows == [(3, "A100")]
@@ -100,9 +107,14 @@ def test_status_counts_host_gpu_pairs_not_their_joined_text(warehouse):
     """Host 'a/b' with GPU 'c' and host 'a' with GPU 'b/c' are two GPUs, not one."""
     from audit.status import warehouse_status
 
-    warehouse.con.executemany(
-        "INSERT INTO gpu_samples (host, gpu, ts, origin) VALUES (?, ?, ?, 'nvidia-smi')",
-        [("a/b", "c", T0), ("a", "b/c", T0), ("a", "b/c", T0 + timedelta(minutes=1))],
+    add_samples(
+        warehouse.con,
+        "host, gpu, ts, origin",
+        [
+            ("a/b", "c", T0, "nvidia-smi"),
+            ("a", "b/c", T0, "nvidia-smi"),
+            ("a", "b/c", T0 + timedelta(minutes=1), "nvidia-smi"),
+        ],
     )
     cluster = warehouse_status(warehouse)["cluster"]
     assert (cluster["samples"], cluster["hosts"], cluster["gpus"]) == (3, 2, 2)

@@ -23,6 +23,7 @@ from audit.config import load_config
 from audit.importers.files import insert_frame
 from audit.importers.links import refresh_links, refresh_links_of_runs
 from audit.warehouse import open_warehouse
+from tests.helpers import add_samples
 
 T0 = datetime(2026, 11, 2)
 RUN_IDS = [f"{i:032x}" for i in range(1, 6)]  # run ids as MLflow makes them: 32 hex digits
@@ -156,11 +157,14 @@ def _build(con, data: dict) -> None:
             "INSERT INTO checkpoints (root, path, kind, bytes, files) VALUES ('/', ?, 'hf', 1, 1)",
             [path],
         )
-    for host, gpu, hour in data["telemetry"]:
-        con.execute(
-            "INSERT INTO gpu_samples (host, gpu, ts, util_pct, origin) VALUES (?, ?, ?, 50, 'nvidia-smi')",
-            [host, gpu, T0 + timedelta(hours=hour)],
-        )
+    add_samples(
+        con,
+        "host, gpu, ts, util_pct, origin",
+        [
+            (host, gpu, T0 + timedelta(hours=hour), 50.0, "nvidia-smi")
+            for host, gpu, hour in data["telemetry"]
+        ],
+    )
     for (source_id, run_id), spec in data["runs"].items():
         _write_run(con, source_id, run_id, spec)
 

@@ -19,6 +19,7 @@ from audit.config import load_config
 from audit.importers.files import insert_frame
 from audit.importers.params import normalised_params
 from audit.warehouse import open_warehouse
+from audit.warehouse.samples import delete_samples
 from tests.helpers import SHARED
 
 PYCARET = SHARED / "mlflow" / "pycaret-tutorial-mlruns.tar.gz"
@@ -147,7 +148,7 @@ def test_telemetry_and_sacct_verdicts_agree_on_the_sample_week(run_cli, demo_db,
     db = tmp_path / "sacct-only.duckdb"
     shutil.copy(demo_db["db"], db)
     con = duckdb.connect(str(db))
-    con.execute("DELETE FROM gpu_samples")
+    delete_samples(con, "true")
     con.close()
     doc = scan_doc(run_cli, db, "--config", str(demo_db["config"]))
     from_sacct = _verdicts(doc)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from audit.status import warehouse_status
 from audit.testing import build_warehouse
+from tests.helpers import add_samples
 
 T0 = datetime(2026, 11, 16)
 CLUSTERS = ["a", "b"]
@@ -79,12 +80,14 @@ def test_each_sample_is_attached_ambiguous_or_unattached_as_the_rule_says(
             )
             for host in hosts:
                 wh.con.execute("INSERT INTO job_nodes VALUES (?, ?, ?)", [cluster, job_id, host])
-        for host, gpu, step, label in samples:
-            wh.con.execute(
-                "INSERT INTO gpu_samples (host, gpu, ts, util_pct, job_label, origin) "
-                "VALUES (?, ?, ?, 50, ?, 'nvidia-smi')",
-                [host, gpu, _at(step), label],
-            )
+        add_samples(
+            wh.con,
+            "host, gpu, ts, util_pct, job_label, origin",
+            [
+                (host, gpu, _at(step), 50.0, label, "nvidia-smi")
+                for host, gpu, step, label in samples
+            ],
+        )
         cluster = warehouse_status(wh)["cluster"]
     finally:
         wh.close()

@@ -458,10 +458,11 @@ def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
     of_hosts = "" if only_hosts is None else f" AND host IN (SELECT host FROM {only_hosts})"
     if only_hosts is not None and not con.execute(f"SELECT 1 FROM {only_hosts} LIMIT 1").fetchall():
         return
-    con.execute(f"DELETE FROM gpu_samples WHERE origin = 'mlflow'{of_hosts}")
-    con.execute(
+    from audit.warehouse.samples import append_samples, delete_samples
+
+    delete_samples(con, f"t.origin = 'mlflow'{of_hosts}")
+    derived = con.sql(
         rf"""
-        INSERT INTO gpu_samples (host, gpu, ts, util_pct, mem_used_mib, power_w, origin, source_id, run_id)
         WITH host_of AS (
             SELECT l.source_id, l.run_id, min(n.host) AS host
             FROM run_jobs l JOIN job_nodes n ON n.cluster = l.cluster AND n.job_id = l.job_id
@@ -475,16 +476,18 @@ def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
             WHERE starts_with(m.key, 'system/gpu_') AND NOT isnan(m.value)
         )
         SELECT h.host, p.gpu, p.ts,
-               max(p.value) FILTER (WHERE p.field = 'utilization_percentage'),
-               max(p.value) FILTER (WHERE p.field = 'memory_usage_megabytes'),
-               max(p.value) FILTER (WHERE p.field = 'power_usage_watts'),
-               'mlflow', any_value(p.source_id), any_value(p.run_id)
+               max(p.value) FILTER (WHERE p.field = 'utilization_percentage') AS util_pct,
+               max(p.value) FILTER (WHERE p.field = 'memory_usage_megabytes') AS mem_used_mib,
+               max(p.value) FILTER (WHERE p.field = 'power_usage_watts') AS power_w,
+               'mlflow' AS origin, any_value(p.source_id) AS source_id,
+               any_value(p.run_id) AS run_id
         FROM points p JOIN hosts h USING (source_id, run_id)
         WHERE p.gpu <> ''
           AND NOT EXISTS (SELECT 1 FROM gpu_samples g WHERE g.host = h.host AND g.gpu = p.gpu AND g.ts = p.ts)
         GROUP BY h.host, p.gpu, p.ts
         """
-    )
+    ).pl()
+    append_samples(con, derived)
 
 
 def relink(wh, config: Config) -> LinkChanges:

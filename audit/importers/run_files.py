@@ -42,6 +42,7 @@ from audit.importers.run_store import (
 )
 from audit.importers.search_index import refresh_search_tables
 from audit.importers.telemetry import SAMPLE_SCHEMA
+from audit.warehouse.samples import append_samples, delete_samples
 
 # Metric points without run_id: what a parser hands over for one run.
 POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}
@@ -243,13 +244,13 @@ class _RunQueue:
             stale = pl.DataFrame(
                 self.stale, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"
             )
-            for table in (*RUN_TABLES, "gpu_samples", "run_files"):
-                execute_on_frame(
-                    con,
-                    f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM incoming_frame s "
-                    "WHERE s.source_id = t.source_id AND s.run_id = t.run_id)",
-                    stale,
-                )
+            of_stale = (
+                "EXISTS (SELECT 1 FROM incoming_frame s "
+                "WHERE s.source_id = t.source_id AND s.run_id = t.run_id)"
+            )
+            for table in (*RUN_TABLES, "run_files"):
+                execute_on_frame(con, f"DELETE FROM {table} t WHERE {of_stale}", stale)
+            delete_samples(con, of_stale, stale)
         for source_id, runs in self.by_source.items():
             _insert_runs(con, source_id, runs, origin)
         self.__init__()
@@ -309,15 +310,8 @@ def _insert_runs(con, source_id: str, runs: list[ParsedRun], origin: str) -> Non
     ]
     if samples:
         frame = pl.concat(samples).with_columns(origin=pl.lit(origin), source_id=pl.lit(source_id))
-        columns = ", ".join(frame.columns)
         # One row per (host, gpu, ts): a sample a host's telemetry already holds is kept.
-        execute_on_frame(
-            con,
-            f"INSERT INTO gpu_samples ({columns}) SELECT {columns} FROM incoming_frame i "
-            "WHERE NOT EXISTS (SELECT 1 FROM gpu_samples e "
-            "WHERE e.host = i.host AND e.gpu = i.gpu AND e.ts = i.ts)",
-            frame,
-        )
+        append_samples(con, frame, only_new=True)
     cursors = [
         (source_id, r.run_id, c["path"], c["size"], c["mtime"], c["resume_offset"], c["state"])
         for r in runs

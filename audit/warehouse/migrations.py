@@ -334,4 +334,42 @@ CREATE TABLE report_models (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9]
+# GPU samples as a series per GPU and labels plus its readings, behind a view of the same
+# name and columns (why: audit.warehouse.samples). Rows move over unchanged.
+_SERIES = "host, gpu, model, uuid, job_label, pod, origin, source_id, run_id"
+V10 = f"""
+CREATE TABLE gpu_series (
+    series INTEGER NOT NULL,
+    host VARCHAR NOT NULL,
+    gpu VARCHAR NOT NULL,
+    model VARCHAR,
+    uuid VARCHAR,
+    job_label VARCHAR,
+    pod VARCHAR,
+    origin VARCHAR NOT NULL,
+    source_id VARCHAR,
+    run_id VARCHAR
+);
+CREATE TABLE gpu_readings (
+    series INTEGER NOT NULL,
+    ts TIMESTAMP NOT NULL,
+    util_pct REAL,
+    mem_used_mib REAL,
+    mem_total_mib REAL,
+    power_w REAL
+);
+INSERT INTO gpu_series
+SELECT (row_number() OVER (ORDER BY {_SERIES}))::INTEGER, *
+FROM (SELECT DISTINCT {_SERIES} FROM gpu_samples);
+INSERT INTO gpu_readings
+SELECT s.series, g.ts, g.util_pct, g.mem_used_mib, g.mem_total_mib, g.power_w
+FROM gpu_samples g JOIN gpu_series s
+  ON {" AND ".join(f"s.{c} IS NOT DISTINCT FROM g.{c}" for c in _SERIES.split(", "))};
+DROP TABLE gpu_samples;
+CREATE VIEW gpu_samples AS
+SELECT s.host, s.gpu, r.ts, r.util_pct, r.mem_used_mib, r.mem_total_mib, r.power_w,
+       s.model, s.uuid, s.job_label, s.pod, s.origin, s.source_id, s.run_id
+FROM gpu_readings r JOIN gpu_series s USING (series);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10]
