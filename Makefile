@@ -45,7 +45,8 @@ test: $(VENV)/.installed-test
 fuzz: $(VENV)/.installed-test
 	AUDIT_HYPOTHESIS=explore $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/test_fuzz_parsers.py tests/test_prune_property.py tests/test_prune_sequences.py \
-		tests/test_search_property.py tests/test_search_safety.py tests/test_mlflow_change_proof.py
+		tests/test_search_property.py tests/test_search_safety.py tests/test_mlflow_change_proof.py \
+		tests/test_gpu_samples_store.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

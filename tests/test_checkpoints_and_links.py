@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 
 import duckdb
 import pytest
@@ -197,3 +198,44 @@ def test_mlflow_system_metrics_become_telemetry_of_the_job(tmp_path, run_cli):
     assert finding["subject"]["job_id"] == "77" and finding["waste"]["gpu_hours"] == pytest.approx(
         1 * 62 / 60, abs=0.01
     )
+
+
+def test_mlflow_system_metrics_no_gpu_reports_are_left_out(tmp_path, run_cli):
+    """A value a REAL cannot hold (1e300), an infinite one or one outside the range
+    telemetry files are held to (150 %) leaves its sample out; the import goes on (1e300
+    failed it with an internal error, inf was stored)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    store = tmp_path / "mlruns"
+    client = MlflowClient(tracking_uri=store.as_uri())
+    t0 = 1_794_816_000_000
+    run = client.create_run(
+        client.create_experiment("e"), start_time=t0, tags={"slurm_job_id": "78"}
+    )
+    at = [t0 + minute * 60_000 for minute in range(4)]
+    client.log_batch(
+        run.info.run_id,
+        metrics=[
+            Metric("system/gpu_0_power_usage_watts", 1e300, at[0], 0),
+            Metric("system/gpu_0_utilization_percentage", float("inf"), at[1], 1),
+            Metric("system/gpu_0_utilization_percentage", 150.0, at[2], 2),
+            Metric("system/gpu_0_utilization_percentage", 40.0, at[3], 3),
+            Metric("system/gpu_0_power_usage_watts", 300.0, at[3], 3),
+        ],
+    )
+    client.set_terminated(run.info.run_id, end_time=t0 + 600_000)
+    sacct = tmp_path / "j.sacct"
+    sacct.write_text(
+        "JobID|User|Start|End|NodeList|AllocTRES\n78|ann|2026-11-16T07:59:00|2026-11-16T08:11:00|n6|gres/gpu=1\n"
+    )
+    db = tmp_path / "w.duckdb"
+    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
+    code, out, err = run_cli("--db", str(db), "ingest", "slurm", str(sacct))
+    assert code == 0, out + err
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute(
+        "SELECT host, gpu, ts, util_pct, power_w FROM gpu_samples WHERE origin = 'mlflow'"
+    ).fetchall()
+    con.close()
+    assert rows == [("n6", "0", datetime(2026, 11, 16, 8, 3), 40.0, 300.0)]

@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -229,7 +230,11 @@ def _parse(args: list[str]) -> None:
     ctx = cli.make_context("audit", list(args), resilient_parsing=False)
     command: click.Command = cli
     while isinstance(command, click.Group):
-        name, command, rest = command.resolve_command(ctx, [*ctx.protected_args, *ctx.args])
+        with warnings.catch_warnings():
+            # Click 8.2 deprecates protected_args; Click 9 will hold them in ctx.args
+            warnings.simplefilter("ignore", DeprecationWarning)
+            words = [*ctx.protected_args, *ctx.args]
+        name, command, rest = command.resolve_command(ctx, words)
         ctx = command.make_context(name, rest, parent=ctx)
 
 

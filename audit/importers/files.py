@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -261,20 +262,25 @@ def import_files(
     try:
         with wh.transaction() as con:
             source.begin(con)
-            for unit, parsed in parse_ahead(source.parse, units, source.workers):
-                progress.advance(1)
-                if isinstance(parsed, InputError):
-                    if not (skip_bad and source.skips_bad_units):
-                        raise parsed
-                    summary.skipped.append(str(parsed))
-                    continue
-                written = source.write(con, unit, parsed)
-                summary.rows_read += parsed.rows_read
-                summary.rows_written += written
-                summary.skipped.extend(parsed.skipped)
-                summary.warnings.extend(parsed.warnings)
-                summary.notes.extend(parsed.notes)
-                logged.append((str(unit.resolve()), parsed.rows_read, written, len(parsed.skipped)))
+            # closed at the loop's end, not when collected: a Ctrl-C while it stops its
+            # threads then ends the command like any other (not "Exception ignored in")
+            with closing(parse_ahead(source.parse, units, source.workers)) as parsed_units:
+                for unit, parsed in parsed_units:
+                    progress.advance(1)
+                    if isinstance(parsed, InputError):
+                        if not (skip_bad and source.skips_bad_units):
+                            raise parsed
+                        summary.skipped.append(str(parsed))
+                        continue
+                    written = source.write(con, unit, parsed)
+                    summary.rows_read += parsed.rows_read
+                    summary.rows_written += written
+                    summary.skipped.extend(parsed.skipped)
+                    summary.warnings.extend(parsed.warnings)
+                    summary.notes.extend(parsed.notes)
+                    logged.append(
+                        (str(unit.resolve()), parsed.rows_read, written, len(parsed.skipped))
+                    )
             source.finish(con, summary)
             refresh_links(con, config)
             summary.seconds = time.monotonic() - started
@@ -302,7 +308,8 @@ def parse_ahead(
         for unit in units:
             yield unit, guarded(unit)
         return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         pending: collections.deque = collections.deque()
         queued = iter(units)
         for unit in queued:
@@ -316,6 +323,10 @@ def parse_ahead(
             if nxt is not None:
                 pending.append((nxt, pool.submit(guarded, nxt)))
             yield unit, result
+    finally:
+        # all consumed, or the caller stopped (an error, Ctrl-C): files not started are
+        # not parsed, and the caller does not wait for those being parsed to roll back
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _check_times(table: str, frame: pl.DataFrame) -> None:

@@ -451,13 +451,18 @@ def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
     """MLflow system metrics (system/gpu_N_*) of runs linked to a job become GPU samples.
 
     They land on the job's first host with origin 'mlflow'; runs without a job are left
-    out, because a sample must belong to a host for the idle and utilisation rules.
+    out, because a sample must belong to a host for the idle and utilisation rules. A
+    sample with a value no GPU reports (infinite, or outside the range telemetry files are
+    held to: ``VALID_RANGES``) is left out, as a telemetry file's line would be.
     Samples are grouped by host: with ``only_hosts`` (a table of hosts) only those hosts'
     samples are derived again.
     """
     of_hosts = "" if only_hosts is None else f" AND host IN (SELECT host FROM {only_hosts})"
     if only_hosts is not None and not con.execute(f"SELECT 1 FROM {only_hosts} LIMIT 1").fetchall():
         return
+    import polars as pl
+
+    from audit.importers.telemetry import valid_value
     from audit.warehouse.samples import append_samples, delete_samples
 
     delete_samples(con, f"t.origin = 'mlflow'{of_hosts}")
@@ -487,7 +492,8 @@ def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
         GROUP BY h.host, p.gpu, p.ts
         """
     ).pl()
-    append_samples(con, derived)
+    readings = ("util_pct", "mem_used_mib", "power_w")
+    append_samples(con, derived.filter(pl.all_horizontal(valid_value(c) for c in readings)))
 
 
 def relink(wh, config: Config) -> LinkChanges:

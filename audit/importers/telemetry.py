@@ -102,7 +102,7 @@ def time_problem(moment: datetime) -> str | None:
     return f"time {moment:%Y-%m-%d %H:%M:%S} is outside the years {FIRST_YEAR}-{LAST_YEAR}"
 
 
-def _valid(column: str) -> pl.Expr:
+def valid_value(column: str) -> pl.Expr:
     """The same rule as ``value_problem``, for a whole column."""
     lo, hi, _, _ = VALID_RANGES[column]
     value = pl.col(column)
@@ -314,7 +314,7 @@ def _samples(body: pl.DataFrame, host: str, identity: str | None, tz: ZoneInfo) 
     else:
         unparsable = pl.repeat(False, samples.height, eager=True)
     return samples.with_columns(
-        bad=unparsable | ~pl.all_horizontal(_valid(c) for c in VALID_RANGES)
+        bad=unparsable | ~pl.all_horizontal(valid_value(c) for c in VALID_RANGES)
     )
 
 
@@ -424,7 +424,7 @@ def _line_problems(
             typed,
         ],
         how="horizontal",
-    ).with_columns(invalid=~pl.all_horizontal(_valid(c) for c in VALID_RANGES))
+    ).with_columns(invalid=~pl.all_horizontal(valid_value(c) for c in VALID_RANGES))
     problems = checks.filter(
         (pl.col("n") != len(names))
         | pl.col("ts").is_null()
