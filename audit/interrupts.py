@@ -6,6 +6,7 @@ Kept free of heavy imports: the entry point installs the handler before anything
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,6 +15,11 @@ EXIT_INTERRUPTED = 130
 _requested = False
 _held = 0
 _saved_transactions = 0
+# A second Ctrl-C this soon after the first lands in the clean-up the first started (a
+# library's generator closing its view), which then fails as "Exception ignored in ...";
+# a later one interrupts again, in case a library swallowed the first.
+REPEAT_IGNORED_SECONDS = 1.0
+_raised_at: float | None = None
 
 
 def install() -> None:
@@ -61,7 +67,14 @@ def uninterruptible_commit() -> Iterator[None]:
 def _on_sigint(_signum, _frame) -> None:
     # DuckDB, pyarrow and polars re-raise a KeyboardInterrupt from their own code as
     # their own errors (RuntimeError, InvalidInputException, ...); the flag survives that.
-    global _requested
+    global _requested, _raised_at
+    repeated = (
+        _requested
+        and _raised_at is not None
+        and time.monotonic() - _raised_at < REPEAT_IGNORED_SECONDS
+    )
     _requested = True
-    if not _held:
-        raise KeyboardInterrupt
+    if _held or repeated:
+        return
+    _raised_at = time.monotonic()
+    raise KeyboardInterrupt

@@ -202,8 +202,9 @@ def test_mlflow_system_metrics_become_telemetry_of_the_job(tmp_path, run_cli):
 
 def test_mlflow_system_metrics_no_gpu_reports_are_left_out(tmp_path, run_cli):
     """A value a REAL cannot hold (1e300), an infinite one or one outside the range
-    telemetry files are held to (150 %) leaves its sample out; the import goes on (1e300
-    failed it with an internal error, inf was stored)."""
+    telemetry files are held to (150 %) leaves its sample out, as does a time past the
+    years they are held to (9999); the import goes on (1e300 failed it with an internal
+    error, inf and the year 9999 were stored)."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
@@ -222,6 +223,7 @@ def test_mlflow_system_metrics_no_gpu_reports_are_left_out(tmp_path, run_cli):
             Metric("system/gpu_0_utilization_percentage", 150.0, at[2], 2),
             Metric("system/gpu_0_utilization_percentage", 40.0, at[3], 3),
             Metric("system/gpu_0_power_usage_watts", 300.0, at[3], 3),
+            Metric("system/gpu_0_utilization_percentage", 50.0, 253_402_300_799_000, 4),
         ],
     )
     client.set_terminated(run.info.run_id, end_time=t0 + 600_000)

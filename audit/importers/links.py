@@ -453,7 +453,8 @@ def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
     They land on the job's first host with origin 'mlflow'; runs without a job are left
     out, because a sample must belong to a host for the idle and utilisation rules. A
     sample with a value no GPU reports (infinite, or outside the range telemetry files are
-    held to: ``VALID_RANGES``) is left out, as a telemetry file's line would be.
+    held to: ``VALID_RANGES``) or a time outside the years they are held to is left out,
+    as a telemetry file's line would be.
     Samples are grouped by host: with ``only_hosts`` (a table of hosts) only those hosts'
     samples are derived again.
     """
@@ -462,7 +463,7 @@ def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
         return
     import polars as pl
 
-    from audit.importers.telemetry import valid_value
+    from audit.importers.telemetry import valid_time, valid_value
     from audit.warehouse.samples import append_samples, delete_samples
 
     delete_samples(con, f"t.origin = 'mlflow'{of_hosts}")
@@ -493,7 +494,8 @@ def _system_metrics_as_telemetry(con, only_hosts: str | None = None) -> None:
         """
     ).pl()
     readings = ("util_pct", "mem_used_mib", "power_w")
-    append_samples(con, derived.filter(pl.all_horizontal(valid_value(c) for c in readings)))
+    valid = pl.all_horizontal(valid_time("ts"), *(valid_value(c) for c in readings))
+    append_samples(con, derived.filter(valid))
 
 
 def relink(wh, config: Config) -> LinkChanges:

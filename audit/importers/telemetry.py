@@ -335,6 +335,12 @@ _FIRST_INSTANT = datetime(FIRST_YEAR, 1, 1)
 _PAST_LAST_INSTANT = datetime(LAST_YEAR + 1, 1, 1)
 
 
+def valid_time(column: str) -> pl.Expr:
+    """A time within FIRST_YEAR-LAST_YEAR, for a column of times already parsed."""
+    ts = pl.col(column)
+    return (ts >= _FIRST_INSTANT) & (ts < _PAST_LAST_INSTANT)
+
+
 def _in_range(column: pl.Expr, fmt: str) -> pl.Expr:
     ts = column.str.strptime(pl.Datetime("us"), fmt, strict=False)
     return pl.when((ts >= _FIRST_INSTANT) & (ts < _PAST_LAST_INSTANT)).then(ts)
