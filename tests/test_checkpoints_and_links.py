@@ -157,6 +157,17 @@ def test_status_shows_coverage(demo_db):
     assert "  checkpoints with a run     26 of 27 (96 %)" in text
 
 
+def _import_with_job(tmp_path, run_cli, store, job_line: str):
+    """The MLflow store, then the Slurm job (an sacct line) its run is linked to."""
+    sacct = tmp_path / "j.sacct"
+    sacct.write_text(f"JobID|User|Start|End|NodeList|AllocTRES\n{job_line}\n")
+    db = tmp_path / "w.duckdb"
+    for args in (("mlflow", "--tracking-uri", str(store)), ("slurm", str(sacct))):
+        code, out, err = run_cli("--db", str(db), "ingest", *args)
+        assert code == 0, out + err
+    return db
+
+
 def test_mlflow_system_metrics_become_telemetry_of_the_job(tmp_path, run_cli):
     from mlflow import MlflowClient
     from mlflow.entities import Metric
@@ -178,13 +189,9 @@ def test_mlflow_system_metrics_become_telemetry_of_the_job(tmp_path, run_cli):
         ]
     client.log_batch(run.info.run_id, metrics=metrics)
     client.set_terminated(run.info.run_id, end_time=t0 + 3_600_000)
-    sacct = tmp_path / "j.sacct"
-    sacct.write_text(
-        "JobID|User|Start|End|NodeList|AllocTRES\n77|ann|2026-11-16T07:59:00|2026-11-16T09:01:00|n5|gres/gpu=2\n"
+    db = _import_with_job(
+        tmp_path, run_cli, store, "77|ann|2026-11-16T07:59:00|2026-11-16T09:01:00|n5|gres/gpu=2"
     )
-    db = tmp_path / "w.duckdb"
-    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
-    assert run_cli("--db", str(db), "ingest", "slurm", str(sacct))[0] == 0
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute(
         "SELECT host, gpu, count(*), avg(util_pct), max(mem_used_mib) FROM gpu_samples WHERE origin = 'mlflow' GROUP BY ALL ORDER BY gpu"
@@ -227,14 +234,9 @@ def test_mlflow_system_metrics_no_gpu_reports_are_left_out(tmp_path, run_cli):
         ],
     )
     client.set_terminated(run.info.run_id, end_time=t0 + 600_000)
-    sacct = tmp_path / "j.sacct"
-    sacct.write_text(
-        "JobID|User|Start|End|NodeList|AllocTRES\n78|ann|2026-11-16T07:59:00|2026-11-16T08:11:00|n6|gres/gpu=1\n"
+    db = _import_with_job(
+        tmp_path, run_cli, store, "78|ann|2026-11-16T07:59:00|2026-11-16T08:11:00|n6|gres/gpu=1"
     )
-    db = tmp_path / "w.duckdb"
-    assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", str(store))[0] == 0
-    code, out, err = run_cli("--db", str(db), "ingest", "slurm", str(sacct))
-    assert code == 0, out + err
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute(
         "SELECT host, gpu, ts, util_pct, power_w FROM gpu_samples WHERE origin = 'mlflow'"

@@ -335,15 +335,15 @@ _FIRST_INSTANT = datetime(FIRST_YEAR, 1, 1)
 _PAST_LAST_INSTANT = datetime(LAST_YEAR + 1, 1, 1)
 
 
-def valid_time(column: str) -> pl.Expr:
+def valid_time(column: str | pl.Expr) -> pl.Expr:
     """A time within FIRST_YEAR-LAST_YEAR, for a column of times already parsed."""
-    ts = pl.col(column)
+    ts = pl.col(column) if isinstance(column, str) else column
     return (ts >= _FIRST_INSTANT) & (ts < _PAST_LAST_INSTANT)
 
 
 def _in_range(column: pl.Expr, fmt: str) -> pl.Expr:
     ts = column.str.strptime(pl.Datetime("us"), fmt, strict=False)
-    return pl.when((ts >= _FIRST_INSTANT) & (ts < _PAST_LAST_INSTANT)).then(ts)
+    return pl.when(valid_time(ts)).then(ts)
 
 
 def _timestamp_problem(raw: str | None) -> str:
