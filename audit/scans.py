@@ -7,7 +7,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from fnmatch import fnmatchcase
 from functools import cached_property, partial
 from typing import Any
 
@@ -17,6 +16,7 @@ from audit import interrupts
 from audit.config import Config
 from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
 from audit.rule_registry import all_rules, effective_thresholds
+from audit.suppressions import Suppressions
 from audit.warehouse.allocator import return_freed_memory, return_freed_memory_if_grown
 from audit.warehouse.alongside import alongside
 from audit.windows import Window
@@ -170,29 +170,12 @@ def _has_rows(con, table: str, known: dict[str, bool]) -> bool:
 
 def apply_suppressions(con, config: Config, results: list[RuleResult]) -> None:
     """Config [[suppress]] entries and run tags ``audit.ignore=CODE[,CODE]`` mute findings."""
-    tag = config.values["attribution"]["ignore_tag"]
-    ignored: dict[str, set[str]] = {}
-    for run_id, value in con.execute(
-        "SELECT run_id, value FROM tags WHERE key = ?", [tag]
-    ).fetchall():
-        ignored[run_id] = {c.strip().upper() for c in (value or "").split(",") if c.strip()}
+    suppressions = Suppressions.load(con, config)
     for result in results:
         for f in result.findings:
-            run_id = f.subject.get("run_id")
-            if run_id and ({f.rule, f.family} & ignored.get(run_id, set())):
-                f.suppressed = True
-                f.suppressed_reason = f"run tag {tag}={','.join(sorted(ignored[run_id]))}"
-                continue
-            for entry in config.values["suppress"]:
-                if entry["rule"].upper() in (f.rule, f.family) and _subject_matches(
-                    entry["subject"], f.subject
-                ):
-                    f.suppressed, f.suppressed_reason = True, f"config: {entry['reason']}"
-                    break
-
-
-def _subject_matches(pattern: str, subject: dict) -> bool:
-    return pattern == "*" or any(fnmatchcase(str(v), pattern) for v in subject.values())
+            reason = suppressions.reason(f.rule, f.family, f.subject)
+            if reason:
+                f.suppressed, f.suppressed_reason = True, reason
 
 
 def selection(rules: list[type[Rule]]) -> str:

@@ -16,6 +16,9 @@ from collections import defaultdict
 from audit.config import Config
 from audit.importers.links import LinkSettings
 from audit.rule_api import RuleContext
+from audit.suppressions import Suppressions
+
+CKP_RULES = ("CKP001", "CKP002", "CKP003")
 
 
 def checkpoint_rows(ctx: RuleContext) -> list[dict]:
@@ -70,14 +73,40 @@ def warehouse_checkpoints(con, config: Config) -> list[dict]:
     return rows
 
 
+def kept_by_suppression(rows: list[dict], suppressions: Suppressions) -> dict[str, str]:
+    """Path -> why a suppression keeps it: a ``[[suppress]]`` entry or ``audit.ignore`` tag
+    that mutes a CKP finding which would list the checkpoint. Its subject is matched as the
+    CKP rules write it (run id, run name, the folder of the run's first checkpoint, else its
+    own folder) and, for prune's sake, against the checkpoint's own path as well."""
+    first_dir: dict[tuple, str] = {}
+    for row in rows:  # ordered by path, as the CKP rules see them
+        if row["run_id"]:
+            first_dir.setdefault((row["source_id"], row["run_id"]), row["run_dir"])
+    kept = {}
+    for row in rows:
+        subject = {"run_dir": row["run_dir"], "path": row["path"]}
+        if row["run_id"]:
+            subject.update(
+                run_id=row["run_id"],
+                run_name=row["run_name"],
+                run_folder=first_dir[(row["source_id"], row["run_id"])],
+            )
+        reason = suppressions.covers_any(CKP_RULES, "CKP", subject)
+        if reason:
+            kept[row["path"]] = reason
+    return kept
+
+
 def orphan_explainer(con):
     """``why(run_dir)``: why no run claims the checkpoints of a folder, with the likely fix."""
     by_name: dict[str, list[tuple]] = defaultdict(list)
+    by_dir: dict[str, tuple] = {}
     for value, name, run_id in con.execute(
         "SELECT p.value, r.name, r.run_id FROM params p JOIN runs r USING (source_id, run_id) "
         "WHERE p.key = 'output_dir' ORDER BY r.name, r.run_id"
     ).fetchall():
         by_name[value.rstrip("/").rsplit("/", 1)[-1]].append((value, name, run_id))
+        by_dir.setdefault(value.rstrip("/"), (value, name, run_id))
 
     def why(run_dir: str) -> str:
         text = (
@@ -91,6 +120,14 @@ def orphan_explainer(con):
                 f"; run {name or run_id!r} logged output_dir {value}, a folder of the same "
                 "name: if that is this folder, map its prefix with [links] path_prefixes "
                 "and run `audit ingest links`"
+            )
+        above = next((by_dir[a] for a in reversed(_ancestors(run_dir)[:-1]) if a in by_dir), None)
+        if above:
+            value, name, run_id = above
+            text += (
+                f"; run {name or run_id!r} logged output_dir {value} above it, but a folder "
+                "in between is not one a training framework makes, so that run does not "
+                "claim it"
             )
         return text
 

@@ -1,9 +1,12 @@
 """Property test of ``audit prune``: random checkpoint trees with symlinks, hard links,
-races between plan and apply, and files that refuse deletion.
+races between plan and apply, files that refuse deletion, suppressions (run tags and
+config entries), a run whose ``output_dir`` is the parent of the others and of an orphan
+folder, and two applies of the plan at once.
 
 Whatever the tree, applying a plan deletes nothing outside the plan or outside the
-checkpoint roots, never a run's best, last or registered checkpoint, and never an entry
-that changed after planning.
+checkpoint roots, never a run's best, last or registered checkpoint, nothing a suppression
+keeps, no orphan (the plan is made without ``--include-orphans``), never an entry that
+changed after planning, and counts every freed byte once.
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+import duckdb
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.cli import cli
-from tests.helpers import property_examples
+from tests.helpers import REPO, property_examples
 
 
 def _chattr_works() -> bool:
@@ -49,6 +54,8 @@ run_shape = st.fixed_dictionaries(
         "symlink_dir_out": st.booleans(),  # a checkpoint-N folder that is a link outside
         "hard_link_out": st.booleans(),  # a weight file hard-linked to an outside file
         "refusing_file": st.booleans(),  # a file that cannot be deleted
+        "ignored": st.booleans(),  # tagged audit.ignore=CKP001
+        "suppressed": st.booleans(),  # a [[suppress]] entry names its folder
     }
 )
 race = st.sampled_from(["none", "grow", "delete", "new_file", "swap_for_symlink", "touch"])
@@ -86,10 +93,16 @@ def _cli(*args: str) -> tuple[int, str, str]:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(runs=st.lists(run_shape, min_size=1, max_size=3), races=st.lists(race, max_size=4))
-def test_prune_never_deletes_what_it_must_not(runs, races):
+@given(
+    runs=st.lists(run_shape, min_size=1, max_size=3),
+    races=st.lists(race, max_size=4),
+    broad_parent=st.booleans(),  # a run logged the root itself as its output_dir
+    orphans=st.booleans(),  # a folder of checkpoints no run logged
+    concurrent=st.booleans(),  # two applies of the plan at once
+)
+def test_prune_never_deletes_what_it_must_not(runs, races, broad_parent, orphans, concurrent):
     from mlflow import MlflowClient
-    from mlflow.entities import Param
+    from mlflow.entities import Param, RunTag
 
     tmp = Path(tempfile.mkdtemp(prefix="prune-prop-"))
     refusing: list[Path] = []
@@ -102,6 +115,7 @@ def test_prune_never_deletes_what_it_must_not(runs, races):
         client = MlflowClient(tracking_uri=(tmp / "mlruns").as_uri())
         experiment = client.create_experiment("e")
         protected: set[Path] = set()
+        suppress_entries = []
         for index, shape in enumerate(runs):
             run_dir = root / f"run-{index}"
             steps = [100 * (i + 1) for i in range(shape["steps"])]
@@ -128,16 +142,34 @@ def test_prune_never_deletes_what_it_must_not(runs, races):
                 subprocess.run(["chattr", "+i", str(stuck)], check=True)
                 refusing.append(stuck)
             run = client.create_run(experiment, run_name=f"r{index}")
-            client.log_batch(run.info.run_id, params=[Param("output_dir", str(run_dir))])
+            tags = [RunTag("audit.ignore", "CKP001")] if shape["ignored"] else []
+            client.log_batch(run.info.run_id, params=[Param("output_dir", str(run_dir))], tags=tags)
             client.set_terminated(run.info.run_id)
+            if shape["ignored"] or shape["suppressed"]:
+                protected.update(run_dir / f"checkpoint-{step}" for step in steps)
+            if shape["suppressed"]:
+                suppress_entries.append(
+                    f'[[suppress]]\nrule = "CKP*"\nsubject = "*/run-{index}"\nreason = "kept"\n'
+                )
             if shape["registered"] is not None:
                 source = run_dir / f"checkpoint-{steps[min(shape['registered'], len(steps) - 1)]}"
                 name = f"model-{index}"
                 client.create_registered_model(name)
                 client.create_model_version(name, str(source), run_id=run.info.run_id)
                 protected.add(source)
+        if orphans:
+            for step in (100, 200, 300):
+                _checkpoint(root / "nobody" / f"checkpoint-{step}", step, None, 900 + step)
+                protected.add(root / "nobody" / f"checkpoint-{step}")
+        if broad_parent:
+            run = client.create_run(experiment, run_name="parent")
+            client.log_batch(run.info.run_id, params=[Param("output_dir", str(root))])
+            client.set_terminated(run.info.run_id)
         db, config = tmp / "w.duckdb", tmp / "audit.toml"
-        config.write_text("[rules.CKP001]\nmin_reclaimable_gb = 0\n")
+        config.write_text(
+            "[rules.CKP001]\nmin_reclaimable_gb = 0\n[rules.CKP003]\nmin_gb = 0\n"
+            + "".join(suppress_entries)
+        )
         base = ["--db", str(db), "--config", str(config)]
         assert _cli(*base, "ingest", "mlflow", "--tracking-uri", str(tmp / "mlruns"))[0] == 0
         assert _cli(*base, "ingest", "checkpoints", str(root))[0] == 0
@@ -178,8 +210,19 @@ def test_prune_never_deletes_what_it_must_not(runs, races):
 
         outside_before = _snapshot(outside)
         tree_before = _snapshot(root)
-        code, _, err = _cli(*base, "prune", "--apply", str(plan_file))
-        assert code == 0, err
+        if concurrent:
+            command = [sys.executable, "-m", "audit", *base, "prune", "--apply", str(plan_file)]
+            procs = [
+                subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for _ in range(2)
+            ]
+            for proc in procs:
+                proc.communicate(timeout=300)
+            # one applies; the other is refused by the lock (2) or applies nothing new (0)
+            assert sorted(p.returncode for p in procs) in ([0, 0], [0, 2])
+        else:
+            code, _, err = _cli(*base, "prune", "--apply", str(plan_file))
+            assert code == 0, err
         assert _snapshot(outside) == outside_before, "something outside the roots changed"
         tree_after = _snapshot(root)
         for path in tree_before:
@@ -190,6 +233,11 @@ def test_prune_never_deletes_what_it_must_not(runs, races):
             assert owner not in changed, f"{owner} changed after planning and was still deleted"
         for path in protected:
             assert path.is_dir(), f"protected checkpoint {path} is gone"
+        # every freed byte counted once: never more than the plan held
+        con = duckdb.connect(str(db), read_only=True)
+        freed = con.execute("SELECT coalesce(sum(bytes), 0) FROM prune_log").fetchall()[0][0]
+        con.close()
+        assert freed <= json.loads(plan_file.read_text())["total_bytes"]
     finally:
         for stuck in refusing:
             subprocess.run(["chattr", "-i", str(stuck)], check=False)

@@ -31,10 +31,10 @@ anything else is there, it skips the entry and says so.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
-import shutil
 import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,8 +46,15 @@ from audit.config import Config
 from audit.errors import InputError
 from audit.importers.checkpoints import best_candidates, checkpoint_entry, read_trainer_state
 from audit.rule_registry import select_rules
-from audit.rules._checkpoints import last_of_groups, orphan_explainer, warehouse_checkpoints
-from audit.scans import run_rules
+from audit.rules._checkpoints import (
+    kept_by_suppression,
+    last_of_groups,
+    orphan_explainer,
+    warehouse_checkpoints,
+)
+from audit.scans import apply_suppressions, run_rules
+from audit.suppressions import Suppressions
+from audit.walk import walk
 from audit.warehouse import open_warehouse
 from audit.windows import ALL_HISTORY
 
@@ -84,12 +91,8 @@ def measure(path: Path) -> Measure | None:
     total, newest = 0, info.st_mtime_ns
     files = [[".", "d", 0, 0, info.st_ino]]
 
-    def unreadable(exc: OSError) -> None:
-        raise exc
-
-    for dirpath, dirnames, filenames in os.walk(path, onerror=unreadable, followlinks=False):
-        dirnames.sort()
-        for name in sorted(filenames) + dirnames:
+    for dirpath, dirnames, filenames in walk(path):
+        for name in filenames + dirnames:
             full = os.path.join(dirpath, name)
             entry = os.lstat(full)
             if stat.S_ISREG(entry.st_mode) and name in filenames:
@@ -151,18 +154,23 @@ def inside(path: str, root: str) -> bool:
 class Inventory:
     """The warehouse's checkpoints with the protection the warehouse gives them."""
 
-    def __init__(self, rows: list[dict]):
+    def __init__(self, rows: list[dict], kept: dict[str, str]):
         self.rows = {r["path"]: r for r in rows}
+        self.kept = kept  # path -> the suppression that keeps it
         self.states = TrainerStates()
 
     @classmethod
     def load(cls, con, config: Config) -> Inventory:
-        return cls(warehouse_checkpoints(con, config))
+        rows = warehouse_checkpoints(con, config)
+        return cls(rows, kept_by_suppression(rows, Suppressions.load(con, config)))
 
     def protection_now(self, path: str) -> list[str]:
-        """Reasons to keep ``path``: from the warehouse, and from the files as they are now."""
+        """Reasons to keep ``path``: from the warehouse, the suppressions in force, and the
+        files as they are now."""
         row = self.rows[path]
         reasons = list(row["protected"])
+        if path in self.kept:
+            reasons.append(f"kept by a suppression ({self.kept[path]})")
         folder = os.path.dirname(path)
         on_disk, best, unreadable = _folder_on_disk(folder, self.states)
         if unreadable:
@@ -197,14 +205,15 @@ class TrainerStates:
 
 
 def _folder_on_disk(folder: str, states: TrainerStates) -> tuple[list[dict], set[str], str | None]:
-    """The checkpoints in ``folder`` now (path, step, time), the best ones their trainer
-    states name, and what could not be read (None when everything could)."""
+    """The checkpoints in ``folder`` now (path, step, time), the best ones the newest
+    trainer state among them names (an older state's best is history), and what could not
+    be read (None when everything could)."""
     rows: list[dict] = []
-    best: set[str] = set()
+    newest: tuple[int, set[str]] | None = None
     try:
         entries = list(os.scandir(folder))
     except OSError as exc:
-        return rows, best, f"{folder}: {exc.strerror}"
+        return rows, set(), f"{folder}: {exc.strerror}"
     for entry in entries:
         try:
             row = checkpoint_entry(entry)
@@ -214,24 +223,32 @@ def _folder_on_disk(folder: str, states: TrainerStates) -> tuple[list[dict], set
                 state = states.read(Path(entry.path))
                 if isinstance(state.get("global_step"), int):
                     row["step"] = state["global_step"]
-                best |= best_candidates(state, Path(folder))
+                if state and (newest is None or row["step"] > newest[0]):
+                    newest = (row["step"], best_candidates(state, Path(folder)))
         except (OSError, InputError) as exc:
-            return rows, best, f"{entry.path}: {getattr(exc, 'strerror', None) or exc}"
+            return rows, set(), f"{entry.path}: {getattr(exc, 'strerror', None) or exc}"
         rows.append(row)
-    return rows, best, None
+    return rows, newest[1] if newest else set(), None
 
 
 def make_plan(db: Path, config: Config, include_orphans: bool = False) -> dict:
     with open_warehouse(db, read_only=True) as wh:
         results = run_rules(wh.con, config, select_rules("CKP", None), ALL_HISTORY)
+        apply_suppressions(wh.con, config, results)
         inventory = Inventory.load(wh.con, config)
         why_orphan = orphan_explainer(wh.con)
     skipped = [f"{r.rule}: {r.reason}" for r in results if r.status != "ok"]
-    entries, refused, seen = [], [], set()
+    entries, refused, seen, kept = [], [], set(), []
     orphans_left_out = 0
     for result in results:
         for finding in result.findings:
             items = finding.evidence.get("reclaimable") or []
+            if finding.suppressed:
+                kept.extend(
+                    {"path": item["path"], "reason": finding.suppressed_reason}
+                    for item in items or finding.evidence.get("checkpoints") or []
+                )
+                continue
             if finding.rule == ORPHAN_RULE:
                 # CKP003 lists a folder's orphans, best and last included: never planned
                 items = [
@@ -279,6 +296,7 @@ def make_plan(db: Path, config: Config, include_orphans: bool = False) -> dict:
         "entries": sorted(entries, key=lambda e: e["path"]),
         "refused": refused,
         "orphans_left_out": orphans_left_out,
+        "kept_by_suppression": sorted(kept, key=lambda k: k["path"]),
         "rules_skipped": skipped,
         "total_bytes": sum(e["bytes"] for e in entries),
     }
@@ -336,15 +354,19 @@ def load_plan(path: Path) -> dict:
 def apply_plan(plan_path: Path, db: Path, manifest_path: Path, config: Config) -> dict:
     plan = load_plan(plan_path)
     include_orphans = plan.get("include_orphans") is True
-    with open_warehouse(db, read_only=True) as wh:
-        inventory = Inventory.load(wh.con, config)
-    # the last record of each path in earlier applies of this manifest
-    history = {r.get("path"): r for r in read_log(manifest_path) if isinstance(r, dict)}
-    # Ctrl-C is held from the first entry to the warehouse's record of the last: it stops
-    # the loop before the next entry, never inside one (a half-deleted checkpoint the
-    # manifest does not mention is what the user would lose), and never between an
-    # entry's record in the manifest and its record in the warehouse.
-    with interrupts.held():
+    # One apply at a time per warehouse: two applies of one plan (or of two plans that
+    # share entries) would both measure an entry, both delete it and both count its bytes.
+    # The lock is taken before the inventory and the manifest are read, so the second
+    # apply sees what the first one deleted.
+    with _apply_lock(db), interrupts.held():
+        with open_warehouse(db, read_only=True) as wh:
+            inventory = Inventory.load(wh.con, config)
+        # the last record of each path in earlier applies of this manifest
+        history = {r.get("path"): r for r in read_log(manifest_path) if isinstance(r, dict)}
+        # Ctrl-C is held from the first entry to the warehouse's record of the last: it
+        # stops the loop before the next entry, never inside one (a half-deleted checkpoint
+        # the manifest does not mention is what the user would lose), and never between an
+        # entry's record in the manifest and its record in the warehouse.
         done = _apply_entries(plan, inventory, include_orphans, history, manifest_path)
         summary = {
             "planned": len(plan["entries"]),
@@ -359,6 +381,31 @@ def apply_plan(plan_path: Path, db: Path, manifest_path: Path, config: Config) -
     return summary
 
 
+@contextlib.contextmanager
+def _apply_lock(db: Path):
+    """An exclusive lock on ``<warehouse>.prune-lock`` for the whole apply, or InputError
+    naming the process that holds it."""
+    lock_path = Path(f"{db}.prune-lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise InputError(f"{lock_path}: cannot open the prune lock ({exc.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise InputError(
+                f"another audit prune --apply is running on {db} (process {holder}); "
+                "nothing was deleted by this one: run it again when that one ends"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _apply_entries(
     plan: dict, inventory: Inventory, include_orphans: bool, history: dict, manifest_path: Path
 ) -> list[dict]:
@@ -367,9 +414,21 @@ def _apply_entries(
         for entry in plan["entries"]:
             if interrupts.requested():
                 break
-            outcome = _apply_one(
-                entry, inventory, include_orphans, history.get(entry["path"]), manifest
-            )
+            try:
+                outcome = _apply_one(
+                    entry, inventory, include_orphans, history.get(entry["path"]), manifest
+                )
+            except (OSError, InputError, RecursionError, MemoryError, ValueError) as exc:
+                # one damaged entry (an unreadable trainer state, a tree too deep to walk)
+                # must not stop the plan: what was deleted before it is recorded below
+                outcome = {
+                    "path": entry["path"],
+                    "rule": _text(entry.get("rule")),
+                    "run_id": _text(entry.get("run_id")),
+                    "freed_bytes": 0,
+                    "status": "failed",
+                    "reason": f"not deleted: {type(exc).__name__}: {exc}"[:500],
+                }
             manifest.append(outcome)
             done.append(outcome)
     return done
@@ -519,11 +578,7 @@ def _delete(root: str, path: str) -> list[str]:
         name = parts[-1]
         info = os.stat(name, dir_fd=folder, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(
-                name,
-                dir_fd=folder,
-                onerror=lambda fn, p, exc_info: errors.append(f"{p}: {exc_info[1]}"),
-            )
+            errors.extend(_remove_tree(folder, name, path))
         elif stat.S_ISREG(info.st_mode):
             os.unlink(name, dir_fd=folder)
         else:
@@ -534,3 +589,79 @@ def _delete(root: str, path: str) -> list[str]:
         with contextlib.suppress(OSError):
             os.close(folder)
     return errors
+
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
+
+
+def _remove_tree(parent: int, name: str, path: str) -> list[str]:
+    """Delete folder ``name`` of the folder open as ``parent`` and everything in it, never
+    following a link, at any depth: one folder handle open at a time (``shutil.rmtree``
+    recurses once per level and holds a handle per level: a tree 1,500 deep raised
+    RecursionError halfway through a deletion). Going back up opens ``..`` and checks it
+    is the folder it came from; a folder moved meanwhile stops the deletion there."""
+    errors: list[str] = []
+    failed: set[tuple[int, int]] = set()  # entries that could not be deleted: not retried
+    try:
+        current = os.open(name, _FOLDER_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        return [f"{path}: {exc.strerror}"]
+    above: list[tuple[tuple[int, int], str]] = []  # (identity of the folder above, my name)
+    where = [path]
+    try:
+        while True:
+            child = None
+            with os.scandir(current) as entries:
+                listed = sorted(entries, key=lambda e: e.name)
+            for entry in listed:
+                info = entry.stat(follow_symlinks=False)
+                if (info.st_dev, info.st_ino) in failed:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    child = entry.name
+                    break
+                try:
+                    os.unlink(entry.name, dir_fd=current)
+                except OSError as exc:
+                    failed.add((info.st_dev, info.st_ino))
+                    errors.append(f"{where[-1]}/{entry.name}: {exc.strerror}")
+            if child is not None:
+                inner = os.open(child, _FOLDER_FLAGS, dir_fd=current)
+                above.append((_identity(current), child))
+                where.append(f"{where[-1]}/{child}")
+                os.close(current)
+                current = inner
+                continue
+            mine = _identity(current)
+            if not above:
+                os.close(current)
+                current = -1
+                try:
+                    os.rmdir(name, dir_fd=parent)
+                except OSError as exc:
+                    errors.append(f"{path}: {exc.strerror}")
+                return errors
+            expected, my_name = above.pop()
+            up = os.open("..", _FOLDER_FLAGS, dir_fd=current)
+            os.close(current)
+            current = up
+            if _identity(current) != expected:
+                errors.append(f"{where[-1]}: its folder was moved while it was deleted; stopped")
+                return errors
+            where.pop()
+            try:
+                os.rmdir(my_name, dir_fd=current)
+            except OSError as exc:
+                failed.add(mine)
+                errors.append(f"{where[-1]}/{my_name}: {exc.strerror}")
+    except OSError as exc:
+        errors.append(f"{exc.filename or where[-1]}: {exc.strerror}")
+        return errors
+    finally:
+        if current >= 0:
+            os.close(current)

@@ -194,6 +194,13 @@ def prune_command(app: AppContext, plan_path, apply_path, include_orphans, manif
         )
     for refused in plan["refused"]:
         click.echo(f"not planned {safe(refused['path'])}: {safe(refused['reason'])}", err=True)
+    if plan["kept_by_suppression"]:
+        first = plan["kept_by_suppression"][0]
+        click.echo(
+            f"not planned: {len(plan['kept_by_suppression'])} checkpoints kept by a suppression "
+            f"(e.g. {safe(first['path'])}: {safe(first['reason'])})",
+            err=True,
+        )
     if plan["orphans_left_out"]:
         click.echo(
             f"not planned: {plan['orphans_left_out']} orphan checkpoints (CKP003, no run claims "

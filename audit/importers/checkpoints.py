@@ -20,6 +20,8 @@ from pathlib import Path
 import polars as pl
 
 from audit.errors import InputError
+from audit.importers.store_files import read_found_file
+from audit.walk import walk
 
 CHECKPOINT_SCHEMA = {
     "root": pl.String,
@@ -34,6 +36,8 @@ CHECKPOINT_SCHEMA = {
     "best_metric": pl.Float64,
     "run_dir": pl.String,
 }
+# a trainer state holds the log of the whole run: megabytes for long runs, never this much
+MAX_TRAINER_STATE_BYTES = 256 << 20
 _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 _LIGHTNING_EPOCH = re.compile(r"(?:^|[-_])epoch=(\d+)")
@@ -61,7 +65,10 @@ def scan_roots(roots: list[Path], skipped: list[str] | None = None) -> pl.DataFr
 
 def _scan(root: Path, skipped: list[str]) -> list[dict]:
     rows: list[dict] = []
-    best_paths: dict[str, float | None] = {}
+    # per folder: (step, best paths, best metric) of its newest trainer state. Each
+    # checkpoint-N/trainer_state.json names the best checkpoint as of step N: only the
+    # newest one says which is best now (an older one that once named itself is not).
+    newest_states: dict[str, tuple[int, set[str], float | None]] = {}
     stack = [root]
     while stack:
         folder = stack.pop()
@@ -78,7 +85,9 @@ def _scan(root: Path, skipped: list[str]) -> list[dict]:
                 if match:
                     try:
                         rows.append(
-                            _hf_checkpoint(root, Path(entry.path), int(match.group(1)), best_paths)
+                            _hf_checkpoint(
+                                root, Path(entry.path), int(match.group(1)), newest_states
+                            )
                         )
                     except OSError as exc:
                         where = exc.filename or entry.path
@@ -95,6 +104,7 @@ def _scan(root: Path, skipped: list[str]) -> list[dict]:
                     continue
                 if row:
                     rows.append(row)
+    best_paths = {path: metric for _, paths, metric in newest_states.values() for path in paths}
     for row in rows:
         if row["path"] in best_paths:
             row["is_best"] = True
@@ -102,14 +112,23 @@ def _scan(root: Path, skipped: list[str]) -> list[dict]:
     return rows
 
 
-def _hf_checkpoint(root: Path, path: Path, step: int, best_paths: dict) -> dict:
+def _hf_checkpoint(root: Path, path: Path, step: int, newest_states: dict) -> dict:
     total, files, newest = _folder_size(path)
     global_step = step
     state = read_trainer_state(path)
     if isinstance(state.get("global_step"), int):
         global_step = state["global_step"]
-    for best_path in best_candidates(state, path.parent):
-        best_paths.setdefault(best_path, state.get("best_metric"))
+    if state:
+        known = newest_states.get(str(path.parent))
+        if known is None or global_step > known[0]:
+            metric = state.get("best_metric")
+            newest_states[str(path.parent)] = (
+                global_step,
+                best_candidates(state, path.parent),
+                float(metric)
+                if isinstance(metric, int | float) and not isinstance(metric, bool)
+                else None,
+            )
     return {
         "root": str(root),
         "path": str(path),
@@ -134,10 +153,20 @@ def read_trainer_state(checkpoint: Path) -> dict:
     state_file = checkpoint / "trainer_state.json"
     if not state_file.is_file() or state_file.is_symlink():
         return {}
+    data = read_found_file(state_file, MAX_TRAINER_STATE_BYTES, "a trainer state")
     try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{state_file}: cannot read trainer state ({exc})") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{state_file}: byte {exc.start}: not UTF-8 text") from None
+    try:
+        # NaN is allowed: the trainer writes a diverged run's grad_norm as NaN
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{state_file}:{exc.lineno}: cannot read trainer state ({exc.msg})"
+        ) from None
+    except RecursionError:
+        raise InputError(f"{state_file}: JSON nested too deeply to be read") from None
     return state if isinstance(state, dict) else {}
 
 
@@ -218,17 +247,13 @@ def _folder_size(folder: Path) -> tuple[int, int, datetime]:
     total = files = 0
     newest = os.lstat(folder).st_mtime
 
-    def unreadable(exc: OSError) -> None:
-        raise exc
-
-    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable, followlinks=False):
+    for dirpath, _, filenames in walk(folder):
         for name in filenames:
             info = os.lstat(os.path.join(dirpath, name))
             if stat.S_ISREG(info.st_mode):
                 total += info.st_size
                 files += 1
                 newest = max(newest, info.st_mtime)
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
     return total, files, _utc(newest)
 
 

@@ -323,9 +323,26 @@ class _prefixes:
         self.con.execute("DROP TABLE IF EXISTS audit_prefixes")
 
 
+# Folder names a training framework puts between its output folder and the checkpoints it
+# saves (Lightning's lightning_logs/version_N/checkpoints, verl's global_step_N/actor,
+# step_N, epoch_N ...): a run's output_dir claims checkpoints below it through these only.
+# Any other folder in between is somebody else's (a run that logged a parent folder as its
+# output_dir must not take over the runs, or the orphans, below it).
+_CONTAINER = (
+    r"(?:checkpoints?|ckpts?|lightning_logs|version_\d+|global_step_?\d+|(?:step|epoch|iter)"
+    r"(?:ation)?[_-]?\d+|actor|critic|ref|reward_model|huggingface|hf|models?|weights|"
+    r"saved_models?|final|best|last)"
+)
+_CONTAINERS = rf"{_CONTAINER}(?:/{_CONTAINER})*"
+
+
 def _checkpoint_candidates(only_runs: str | None = None, only_paths: str | None = None) -> str:
-    """SELECT of every (checkpoint, run) pair that could link, with its method and rank, of
-    the runs in table ``only_runs`` and the checkpoints in table ``only_paths`` (or all)."""
+    """SELECT of every (checkpoint, run) pair that could link, with its method, rank and
+    closeness (the length of the claiming folder), of the runs in table ``only_runs`` and
+    the checkpoints in table ``only_paths`` (or all).
+
+    An ``output_dir`` claims the checkpoint it names, the checkpoints in it, and those in
+    framework folders below it (``_CONTAINERS``)."""
 
     def of_runs(alias: str) -> str:
         return _of_runs(only_runs, alias)
@@ -344,11 +361,11 @@ def _checkpoint_candidates(only_runs: str | None = None, only_paths: str | None 
                 rtrim(p.value, '/')) AS dir
             FROM params p WHERE p.key = 'output_dir'{of_runs("p")}
         ),
-        known AS (SELECT path FROM checkpoints k{paths_filter}),
+        known AS (SELECT path, run_dir FROM checkpoints k{paths_filter}),
         -- each checkpoint with the folders above it (itself included): "path is under dir"
         -- becomes an equality join, not a prefix test of every checkpoint against every run
         ancestors AS (
-            SELECT path, unnest(list_transform(
+            SELECT path, run_dir, unnest(list_transform(
                        generate_series(2, len(string_split(path, '/'))),
                        lambda i: array_to_string(string_split(path, '/')[1:i], '/'))) AS dir
             FROM known
@@ -358,24 +375,29 @@ def _checkpoint_candidates(only_runs: str | None = None, only_paths: str | None 
             FROM runs r WHERE (artifact_uri LIKE 'file://%' OR artifact_uri LIKE '/%'){of_runs("r")}
         ),
         id_runs AS (SELECT source_id, run_id FROM runs r WHERE true{of_runs("r")})
-        SELECT a.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank
+        SELECT a.path, p.source_id, p.run_id, 'output_dir' AS method, 1 AS rank,
+               length(a.dir) AS closeness
         FROM ancestors a JOIN output_dirs p ON p.dir = a.dir
+        WHERE a.dir = a.path OR a.dir = a.run_dir
+           OR (starts_with(a.run_dir, a.dir || '/')
+               AND regexp_full_match(substr(a.run_dir, length(a.dir) + 2), '{_CONTAINERS}'))
         UNION ALL
-        SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2
+        SELECT c.path, r.source_id, r.run_id, 'run_id_in_path', 2, 0
         FROM known c JOIN id_runs r
              ON r.run_id = regexp_extract(c.path, '(?:^|/)([0-9a-f]{{32}})(?:/|$)', 1)
         UNION ALL
-        SELECT a.path, r.source_id, r.run_id, 'artifact_uri', 3
+        SELECT a.path, r.source_id, r.run_id, 'artifact_uri', 3, length(a.dir)
         FROM ancestors a JOIN artifact_dirs r ON r.dir = a.dir AND a.dir <> a.path
     """
 
 
 def _checkpoint_links(only_paths: str | None = None) -> str:
-    """SELECT of each checkpoint's link: its best candidate over all runs."""
+    """SELECT of each checkpoint's link: its best candidate over all runs, the closest
+    folder first among candidates of one method."""
     return (
         f"WITH candidates AS ({_checkpoint_candidates(only_paths=only_paths)}) "
         "SELECT DISTINCT ON (path) path, source_id, run_id, method FROM candidates "
-        "ORDER BY path, rank, source_id, run_id"
+        "ORDER BY path, rank, closeness DESC, source_id, run_id"
     )
 
 

@@ -12,7 +12,6 @@ truncated or damaged record and keeps what precedes it (TensorBoard's own behavi
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from audit.errors import InputError
 from audit.importers.files import ParsedUnit
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
 from audit.importers.store_files import require_found_file
+from audit.walk import walk
 
 EVENT_FILE_MARK = "tfevents"
 # PyTorch's and tensorboardX's add_hparams write into a subfolder named by the time.
@@ -39,8 +39,7 @@ def find_run_folders(paths: list[Path]) -> list[Path]:
             found.setdefault(path.parent.resolve(), path.parent)
             continue
         before = len(found)
-        for root, dirs, files in os.walk(path):
-            dirs.sort()
+        for root, _, files in walk(path, onerror=None):
             here = Path(root)
             if any(EVENT_FILE_MARK in name for name in files):
                 if _HPARAMS_SUBFOLDER.match(here.name) and _has_events(here.parent):

@@ -38,6 +38,7 @@ from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
 from audit.importers.store_files import read_found_file, read_found_text, require_found_file
+from audit.walk import walk
 
 # trainer_state.json of a long run holds its whole log history: tens of MB
 MAX_FILE_BYTES = 256 << 20
@@ -72,9 +73,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
                 )
             found.setdefault(unit.resolve(), unit)
             continue
-        for root, dirs, files in os.walk(path):
-            dirs.sort()
-            for name in sorted(files):
+        for root, _, files in walk(path, onerror=None):
+            for name in files:
                 unit = _unit_of_file(Path(root) / name)
                 if unit is not None:
                     found.setdefault(unit.resolve(), unit)

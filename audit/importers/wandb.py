@@ -63,6 +63,7 @@ from audit.importers.run_files import (
 )
 from audit.importers.run_store import latest_from_history
 from audit.importers.store_files import read_found_text, require_found_file
+from audit.walk import walk
 
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
 BLOCK = 32768
@@ -857,8 +858,7 @@ def find_run_folders(paths: list[Path]) -> list[Path]:
             found.setdefault(path.resolve(), path)
             continue
         before = len(found)
-        for root, dirs, files in os.walk(path):
-            dirs.sort()
+        for root, dirs, files in walk(path, onerror=None):
             here = Path(root)
             if _is_run_folder(here, files):
                 found.setdefault(here.resolve(), here)

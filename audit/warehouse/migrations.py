@@ -244,7 +244,7 @@ CREATE TABLE prune_log (
     rule VARCHAR,
     run_id VARCHAR,
     bytes BIGINT,                        -- freed (0 when skipped)
-    status VARCHAR NOT NULL,             -- deleted | skipped
+    status VARCHAR NOT NULL,             -- deleted | skipped | incomplete | failed
     reason VARCHAR                       -- why it was skipped
 );
 """
