@@ -121,6 +121,10 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "red_lines": ((list,), ["eval/safety/*"]),
         # glob -> allowed absolute drop for the red lines it matches (first match wins)
         "red_line_tolerances": ((dict,), {}),
+        # globs of metrics whose direction the name does not tell (or tells wrong): an
+        # explicit statement wins over the name (audit/facts/direction.py)
+        "higher_is_better": ((list,), []),
+        "lower_is_better": ((list,), []),
         # Training-stability series (STB001). Defaults cover the names TRL (HF Trainer adds
         # train/ when it logs to W&B, not to MLflow), verl, OpenRLHF and NeMo-RL log.
         "loss": ((list,), STABILITY_METRICS["loss"]),
@@ -190,7 +194,7 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         ),
     },
     "cost": {
-        # GPU count of a run without a Slurm job or system metrics: the first of these params
+        # GPU count of a run without a Slurm job or a GPU list: the first of these params
         # or tags that holds a positive whole number; "a*b" multiplies two keys. Defaults
         # cover HF/torchrun, verl (trainer.*), NeMo-RL (cluster.*) and OpenRLHF naming.
         "gpu_count_keys": (
@@ -208,6 +212,11 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
                 "num_processes",
                 "world_size",
             ],
+        ),
+        # the GPU list a run recorded itself (params or tags): the GPUs it was given
+        "gpu_list_keys": (
+            (list,),
+            ["CUDA_VISIBLE_DEVICES", "env.CUDA_VISIBLE_DEVICES", "cuda_visible_devices"],
         ),
         "gpu_type_keys": ((list,), ["gpu_type", "gpu_name", "gpu_model"]),
         # assumed for runs with no other evidence; 0 leaves their cost unknown

@@ -3,16 +3,27 @@
 Every figure in a finding, a summary, a report, ``runs similar/compare`` and ``gate`` comes
 from here, so spend and waste are priced and attributed the same way everywhere.
 
-GPU count and type per run, from the best evidence available (the *cost ladder*):
+GPU count and type per run, from the best evidence of what it was *given* (the *cost
+ladder*; a machine's GPU list is not a run's allocation):
 
 1. ``slurm``: the linked Slurm job's allocation × its elapsed time;
-2. ``system_metrics``: the GPUs the tracker's system metrics saw (MLflow
-   ``system/gpu_N_*``) × the run's wall clock;
-3. ``params``: a framework param or tag (``[cost] gpu_count_keys``; ``a*b`` multiplies two
-   keys, as ``trainer.n_gpus_per_node*trainer.nnodes``) × the run's wall clock;
-4. ``default``: ``[cost] default_gpus_per_run`` when the user set it;
-5. ``unknown``: GPU-hours and dollars stay unknown (None), never zero; the run-hours are
+2. ``devices``: the GPU list the run recorded itself (``[cost] gpu_list_keys``, e.g.
+   ``CUDA_VISIBLE_DEVICES=4,5,6,7``) × the run's wall clock;
+3. ``world_size``: the world size the framework reported while it ran (tag
+   ``audit.world_size``, read by the importers from the run's console log, e.g. verl's
+   ``model_world_size_4_rank_0.pt``) × the run's wall clock;
+4. ``params``: the parallelism the run was configured with (``[cost] gpu_count_keys``;
+   ``a*b`` multiplies two keys, as ``trainer.n_gpus_per_node*trainer.nnodes``);
+5. ``activity``: the GPUs whose samples show the run's own activity (utilisation above 0
+   at some point, or memory that changed). Tracker system metrics (MLflow ``system/gpu_N_*``,
+   W&B ``gpu.N.*``) list every GPU of the *machine*: a GPU held at constant memory and 0 %
+   through the run is another tenant's, an empty one nobody's; neither is this run's cost;
+6. ``default``: ``[cost] default_gpus_per_run`` when the user set it;
+7. ``unknown``: GPU-hours and dollars stay unknown (None), never zero; the run-hours are
    still known and reported.
+
+Rungs 1-4 are an allocation (the GPUs the run held, idle or not); rung 5 is only what was
+seen working, so the utilisation rules judge no idle GPU against it.
 
 A run's wall clock ends at its end time, else at its last logged metric (a run killed
 without an end record). One team, method and base model per run and per job, decided by
@@ -25,24 +36,39 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
 from audit.config import Config
 from audit.heap import long_lived
+from audit.warehouse.values import RUN_SECONDS_TAG, WORLD_SIZE_TAG
 from audit.windows import Window, started_in
 
 HOUR = 3600.0
 MAX_GPUS = 1_000_000  # a GPU count above this is not a count (a typo, an id)
+# an entry of CUDA_VISIBLE_DEVICES: an index, a GPU or MIG UUID
+_GPU_ID = re.compile(r"\d{1,7}|(?:GPU|MIG)-[0-9A-Za-z/-]{1,80}")
+# SQL: a GPU of a run's samples that shows the run's own activity: busy at some point, or
+# memory that moved (another tenant's process holds its memory constant at 0 %; an empty
+# GPU holds none). 256 MiB or 2 % of the card: below what a CUDA context and a model take.
+ACTIVE_GPU = (
+    "coalesce(util_max, 0) > 0 OR coalesce(mem_max - mem_min, 0) >= "
+    "greatest(256, 0.02 * coalesce(mem_total, 0))"
+)
 
 
 RUNG_LABELS = {
     "slurm": "Slurm allocation",
-    "system_metrics": "estimated from system metrics",
-    "params": "estimated from params",
+    "devices": "GPU list the run recorded",
+    "world_size": "world size the framework reported",
+    "params": "parallelism from params",
+    "activity": "estimated from GPU activity",
     "default": "assumed [cost] default",
     "unknown": "GPU count unknown",
 }
+# rungs whose GPU count is the run's allocation (idle GPUs among them are its waste)
+ALLOCATION_RUNGS = frozenset({"slurm", "devices", "world_size", "params", "default"})
 
 
 def gpu_price(config: Config, gpu_type: str | None) -> tuple[float, str]:
@@ -71,13 +97,21 @@ def hours_between(start: datetime | None, end: datetime | None) -> float | None:
 class Cost:
     """GPUs × hours × price of one run or job, with the evidence it stands on."""
 
-    rung: str  # slurm | system_metrics | params | default | unknown
+    rung: str  # slurm | devices | world_size | params | activity | default | unknown
     gpus: float | None
     gpu_type: str | None
     hours: float | None  # how long the GPUs were held (job elapsed, else run wall clock)
     price: float
     price_key: str
     source: str  # the evidence for the GPU count, e.g. "Slurm job 123", "param num_gpus"
+    # the GPU ids the run recorded (rung devices), to pick its GPUs among a machine's
+    devices: tuple[str, ...] | None = None
+
+    @property
+    def is_allocation(self) -> bool:
+        """The count is what the run held (Slurm, its device list, its parallelism, the
+        configured default), not only what was seen busy."""
+        return self.rung in ALLOCATION_RUNGS
 
     @property
     def known(self) -> bool:
@@ -151,6 +185,11 @@ class RunFacts:
     job_end: datetime | None
     job_state: str | None
     cost: Cost
+    # GPUs in the run's own GPU samples or system metrics (a machine's list), 0 when none
+    sampled_gpus: int = 0
+    # how long it ran when its log says so but nothing places it in time (a copied
+    # trainer-log folder: ``audit.run_seconds``); None when the times say it
+    recorded_hours: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -158,7 +197,12 @@ class RunFacts:
 
     @property
     def run_hours(self) -> float | None:
-        return hours_between(self.start_time, self.last_seen)
+        return hours_between(self.start_time, self.last_seen) or self.recorded_hours
+
+    @property
+    def time_known(self) -> bool:
+        """Whether the run is placed in time (else its points are placed by step only)."""
+        return self.start_time is not None
 
 
 # The jobs columns that rules read beyond JobFacts' own fields: the queue wait's start
@@ -274,7 +318,8 @@ class Facts:
         attribution = config.values["attribution"]
         cost_settings = config.values["cost"]
         order = attribution["team_order"]
-        count_keys = cost_settings["gpu_count_keys"]
+        count_keys = [WORLD_SIZE_TAG, *cost_settings["gpu_count_keys"]]
+        list_keys = cost_settings["gpu_list_keys"]
         type_keys = cost_settings["gpu_type_keys"]
         team_tag = [attribution["team_tag"]]
         method_keys, base_model_keys = attribution["method_keys"], attribution["base_model_keys"]
@@ -284,10 +329,12 @@ class Facts:
         same = pool.same
         price_of = _PriceMemo(config)
         # the keys whose first set value is an attribute: each a column of the runs' query
-        pivoted = sorted({*method_keys, *base_model_keys, *team_tag, *type_keys})
+        pivoted = sorted({*method_keys, *base_model_keys, *team_tag, *type_keys, RUN_SECONDS_TAG})
         column = {key: f"k{index}" for index, key in enumerate(pivoted)}
         # the GPU-count keys' parts: read only for runs without a Slurm job's count
-        count_parts = sorted({part for key in count_keys for part in key.split("*")})
+        count_parts = sorted(
+            {part for key in count_keys for part in key.split("*")} | set(list_keys)
+        )
         keys = sorted({*pivoted, *count_parts})
         host_models = dict(
             con.execute(
@@ -400,27 +447,57 @@ class Facts:
                 FROM run_jobs GROUP BY ALL
             ),
             seen AS (
-                -- the regular expression only where the prefix matches: under FILTER it
-                -- ran on every latest metric (0.23 against 0.14 s at 500,000 of them)
                 SELECT source_id, run_id, max(ts) AS last_metric,
-                       count(DISTINCT CASE WHEN starts_with(key, 'system/gpu_')
-                                      THEN regexp_extract(key, '^system/gpu_(\d+)_', 1) END)
-                           AS system_gpus
+                       bool_or(starts_with(key, 'system/gpu_')) AS has_system_gpus
                 FROM latest_metrics GROUP BY ALL
             ),
-            sampled AS (  -- GPU samples a run logged itself (W&B system metrics)
-                SELECT source_id, run_id, count(DISTINCT gpu) AS gpus, max(ts) AS last_sample
+            own_samples AS (  -- GPU samples a run logged itself (W&B system metrics)
+                SELECT source_id, run_id, gpu, max(util_pct) AS util_max,
+                       min(mem_used_mib) AS mem_min, max(mem_used_mib) AS mem_max,
+                       max(mem_total_mib) AS mem_total, max(ts) AS last_sample
                 FROM gpu_samples WHERE run_id IS NOT NULL GROUP BY ALL
+            ),
+            system_points AS (  -- MLflow system metrics of runs without samples of their own
+                -- the regular expression only where the prefix matches (0.23 against
+                -- 0.14 s at 500,000 metrics under FILTER)
+                SELECT m.source_id, m.run_id,
+                       regexp_extract(m.key, '^system/gpu_(\d+)_', 1) AS gpu,
+                       regexp_extract(m.key, '^system/gpu_\d+_(.*)$', 1) AS field, m.value
+                FROM metrics m
+                WHERE starts_with(m.key, 'system/gpu_') AND isfinite(m.value)
+                  AND EXISTS (SELECT 1 FROM seen s WHERE s.source_id = m.source_id
+                              AND s.run_id = m.run_id AND s.has_system_gpus)
+                  AND NOT EXISTS (SELECT 1 FROM own_samples o WHERE o.source_id = m.source_id
+                                  AND o.run_id = m.run_id)
+            ),
+            per_gpu AS (
+                SELECT source_id, run_id, gpu, util_max, mem_min, mem_max, mem_total
+                FROM own_samples
+                UNION ALL
+                SELECT source_id, run_id, gpu,
+                       max(value) FILTER (WHERE field = 'utilization_percentage'),
+                       min(value) FILTER (WHERE field = 'memory_usage_megabytes'),
+                       max(value) FILTER (WHERE field = 'memory_usage_megabytes'), NULL
+                FROM system_points WHERE gpu <> '' GROUP BY ALL
+            ),
+            sampled AS (
+                SELECT source_id, run_id, count(*) AS gpus,
+                       count(*) FILTER (WHERE {ACTIVE_GPU}) AS active_gpus
+                FROM per_gpu GROUP BY ALL
+            ),
+            last_samples AS (
+                SELECT source_id, run_id, max(last_sample) AS last_sample
+                FROM own_samples GROUP BY ALL
             )
             SELECT r.source_id, r.run_id, r.name, r.status, r.lifecycle_stage, r.start_time,
                    r.end_time, r.user_id, r.experiment_id, e.name AS experiment,
                    coalesce(nullif(r.source_name, ''), src.value) AS entry_point,
                    parent.value AS parent_run_id, l.cluster, l.job_id,
-                   greatest(s.last_metric, g.last_sample) AS last_metric,
-                   greatest(coalesce(s.system_gpus, 0), coalesce(g.gpus, 0)) AS system_gpus,
+                   greatest(s.last_metric, ls.last_sample) AS last_metric,
+                   coalesce(g.gpus, 0) AS sampled_gpus, coalesce(g.active_gpus, 0) AS active_gpus,
                    {_first_set(type_keys, column)}, {_first_set(team_tag, column)},
-                   {_first_set(method_keys, column)}, {_first_set(base_model_keys, column)}
-                   , a.counts
+                   {_first_set(method_keys, column)}, {_first_set(base_model_keys, column)},
+                   {_first_set([RUN_SECONDS_TAG], column)}, a.counts
             FROM runs r
             LEFT JOIN experiments e ON e.source_id = r.source_id AND e.experiment_id = r.experiment_id
             LEFT JOIN tags src ON src.source_id = r.source_id AND src.run_id = r.run_id
@@ -430,6 +507,7 @@ class Facts:
             LEFT JOIN links l ON l.source_id = r.source_id AND l.run_id = r.run_id
             LEFT JOIN seen s ON s.source_id = r.source_id AND s.run_id = r.run_id
             LEFT JOIN sampled g ON g.source_id = r.source_id AND g.run_id = r.run_id
+            LEFT JOIN last_samples ls ON ls.source_id = r.source_id AND ls.run_id = r.run_id
             LEFT JOIN attributes a ON a.source_id = r.source_id AND a.run_id = r.run_id
             ORDER BY r.start_time NULLS LAST, r.source_id, r.run_id
             """,
@@ -438,8 +516,8 @@ class Facts:
         for row in run_rows:
             source_id, run_id, name, status, lifecycle_stage, start_time, end_time = row[:7]
             user_id, experiment_id, experiment, entry_point, parent_run_id = row[7:12]
-            cluster, job_id, last_metric, system_gpus = row[12:16]
-            type_value, team_tag_value, method, base_model = row[16:20]
+            cluster, job_id, last_metric, sampled_gpus, active_gpus = row[12:17]
+            type_value, team_tag_value, method, base_model, run_seconds = row[17:22]
             source_id = same(source_id, source_id)
             job, allocated_type, host_model = (
                 jobs_by_key.get((cluster, job_id), no_job) if job_id else no_job
@@ -447,14 +525,16 @@ class Facts:
             last_seen = end_time or last_metric
             gpu_type = allocated_type or same(type_value, type_value) or default_type or host_model
             price, price_key = price_of(gpu_type)
-            wall = hours_between(start_time, last_seen)
+            recorded_hours = _recorded_hours(run_seconds)
+            wall = hours_between(start_time, last_seen) or recorded_hours
             cost = _run_cost(
                 job,
-                row[20],
+                row[22],
                 count_keys,
+                list_keys,
                 default_gpus,
                 wall,
-                system_gpus,
+                active_gpus,
                 gpu_type,
                 price,
                 price_key,
@@ -490,6 +570,8 @@ class Facts:
                 job and job.end_time,
                 job and job.state,
                 cost,
+                sampled_gpus,
+                recorded_hours,
             )
             runs.append(fact)
             by_key[(source_id, run_id)] = fact
@@ -545,17 +627,18 @@ def _run_cost(
     job: JobFacts | None,
     counts: str | None,
     count_keys: list[str],
+    list_keys: list[str],
     default_gpus: float,
     wall: float | None,
-    system_gpus: int,
+    active_gpus: int,
     gpu_type: str | None,
     price: float,
     price_key: str,
 ) -> Cost:
-    """The first known of: the run's Slurm job, its GPU system metrics, a GPU-count param,
-    the configured default; ``wall`` is the run's own start to last-seen hours. ``counts``
-    is the run's values of the GPU-count keys' parts, JSON [key, value] pairs: parsed only
-    here, as most runs at scale have a Slurm job (0.18 s at 100,000 runs as dicts)."""
+    """The first known rung of the cost ladder (module docstring); ``wall`` is the run's
+    own start to last-seen hours. ``counts`` is the run's values of the GPU-count and
+    GPU-list keys, JSON [key, value] pairs: parsed only here, as most runs at scale have a
+    Slurm job (0.18 s at 100,000 runs as dicts)."""
     if job is not None and job.gpus and job.elapsed_s is not None:
         return Cost(
             "slurm",
@@ -566,20 +649,38 @@ def _run_cost(
             price_key,
             f"Slurm job {job.job_id}",
         )
-    if system_gpus:
+    found = dict(json.loads(counts)) if counts else {}
+    listed = _device_list(found, list_keys)
+    if listed is not None:
+        key, devices = listed
         return Cost(
-            "system_metrics",
-            float(system_gpus),
+            "devices",
+            float(len(devices)),
             gpu_type,
             wall,
             price,
             price_key,
-            "the run's GPU system metrics",
+            f"{key}={','.join(devices)}",
+            devices,
         )
-    counted = _gpu_count(dict(json.loads(counts)) if counts else {}, count_keys)
+    counted = _gpu_count(found, count_keys)
     if counted is not None:
         key, gpus = counted
+        if key == WORLD_SIZE_TAG:
+            return Cost(
+                "world_size", gpus, gpu_type, wall, price, price_key, "the world size it reported"
+            )
         return Cost("params", gpus, gpu_type, wall, price, price_key, f"param {key}")
+    if active_gpus:
+        return Cost(
+            "activity",
+            float(active_gpus),
+            gpu_type,
+            wall,
+            price,
+            price_key,
+            "the GPUs active in its system metrics",
+        )
     if default_gpus:
         return Cost(
             "default",
@@ -591,6 +692,26 @@ def _run_cost(
             "[cost] default_gpus_per_run",
         )
     return Cost("unknown", None, gpu_type, wall, price, price_key, "")
+
+
+def _recorded_hours(text: str | None) -> float | None:
+    try:
+        seconds = float(text) if text else None
+    except ValueError:
+        return None
+    return seconds / HOUR if seconds is not None and 0 < seconds < 1e9 else None
+
+
+def _device_list(found: dict[str, str], keys: list[str]) -> tuple[str, tuple[str, ...]] | None:
+    """The first configured key holding a GPU list (``0,1,2,3``, ``GPU-uuid,...``)."""
+    for key in keys:
+        value = found.get(key)
+        if not value:
+            continue
+        devices = tuple(part.strip() for part in str(value).split(",") if part.strip())
+        if devices and len(devices) <= MAX_GPUS and all(_GPU_ID.fullmatch(d) for d in devices):
+            return key, devices
+    return None
 
 
 def _gpu_count(found: dict[str, str], keys: list[str]) -> tuple[str, float] | None:

@@ -8,7 +8,8 @@ training data: the names of its logged training dataset inputs, else the first o
 Its *outcome* compares its latest metrics with the *baseline* of its base model (the
 earliest active run tagged ``[attribution] baseline_tag=true`` with that base model): the
 mean change of the ``[metrics] general`` benchmarks both logged, and the mean gain on the
-``[metrics] target`` ones. Rules (PIL001, RED001, MTX001) and reports (method comparison,
+``[metrics] target`` ones, each signed so that positive is better in the metric's own
+direction (``audit.facts.direction``; a metric whose direction is unknown is left out). Rules (PIL001, RED001, MTX001) and reports (method comparison,
 method matrix) all read these from here.
 """
 
@@ -19,6 +20,7 @@ from fnmatch import fnmatchcase
 
 from audit.config import Config
 from audit.costs import Facts, RunFacts
+from audit.facts.direction import Directions
 from audit.heap import long_lived
 from audit.warehouse.latest import latest_values
 
@@ -69,6 +71,7 @@ class Recipes:
             kind: frozenset(n for n in names if matches(n, config.values["metrics"][kind]))
             for kind in ("general", "target", "red_lines")
         }
+        self.directions = Directions(config)
         self.baselines: dict[str, RunFacts] = {}
         for run in facts.runs:  # facts are ordered by start: the earliest baseline wins
             if run.key in flagged and run.base_model and run.lifecycle_stage == "active":
@@ -160,15 +163,20 @@ class Recipes:
         reference = self.latest.get(baseline.key, {})
         general_names = self._names_of_kind["general"]
         target_names = self._names_of_kind["target"]
-        general = {
-            k: v - reference[k] for k, v in mine.items() if k in reference and k in general_names
-        }
-        target = {
-            k: v - reference[k] for k, v in mine.items() if k in reference and k in target_names
-        }
+        general = self._gains(mine, reference, general_names)
+        target = self._gains(mine, reference, target_names)
         if not general and not target:
             return None
         return Outcome(run, baseline, dict(sorted(general.items())), dict(sorted(target.items())))
+
+    def _gains(self, mine: dict, reference: dict, names: frozenset) -> dict[str, float]:
+        gains = {}
+        for key, value in mine.items():
+            if key in reference and key in names:
+                direction = self.directions(key)
+                if direction is not None:
+                    gains[key] = direction.improvement(reference[key], value)
+        return gains
 
 
 def shared_recipes(con, config: Config, facts: Facts, shared: dict | None) -> Recipes:

@@ -30,9 +30,22 @@ def warehouse_status(wh: Warehouse) -> dict:
     first, last = wh.con.execute(
         "SELECT strftime(min(start_time), '%Y-%m-%d %H:%M'), strftime(max(start_time), '%Y-%m-%d %H:%M') FROM runs"
     ).fetchall()[0]
+    files = wh.con.execute(
+        """
+        SELECT kind, count(DISTINCT location), sum(rows_written),
+               strftime(max(imported_at), '%Y-%m-%d %H:%M:%S')
+        FROM file_imports WHERE kind NOT IN (SELECT DISTINCT kind FROM sources)
+        GROUP BY kind ORDER BY kind
+        """
+    ).fetchall()
     return {
         "schema_version": SCHEMA_VERSION,
         "sources": [dict(zip(keys, row, strict=True)) for row in sources],
+        # cluster logs and other file imports (Slurm, GPU telemetry, checkpoints), by kind
+        "file_sources": [
+            {"kind": kind, "files": n, "rows_written": rows or 0, "last_imported_at": at}
+            for kind, n, rows, at in files
+        ],
         "totals": {
             "runs": wh.scalar("SELECT count(*) FROM runs"),
             "deleted_runs": wh.scalar(

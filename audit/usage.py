@@ -1,7 +1,10 @@
 """How busy an allocation's GPUs were, from the best evidence available (the *usage ladder*).
 
 An allocation is a Slurm GPU job, or a run outside Slurm whose tracker logged GPU system
-metrics. Its usage comes from the first source that has data for it:
+metrics (its GPUs chosen among the machine's by ``audit.costs``' ladder: its device list,
+else the N most active of its world size or parallelism, never a GPU another tenant held
+at constant memory and 0 % all along). Its usage comes from the first source that has
+data for it:
 
 1. ``telemetry``: nvidia-smi, DCGM or Prometheus samples of the job's hosts during the job
    (per GPU, over time; ambiguous when another job shared a host and the GPUs cannot be
@@ -66,6 +69,19 @@ class GpuActivity:
     mem: float | None  # peak memory used, MiB
     mem_total: float | None  # capacity, MiB
     samples: int = 0
+    util_max: float | None = None  # highest utilisation seen, %
+    mem_min: float | None = None  # least memory used, MiB
+
+    @property
+    def still(self) -> bool:
+        """Never busy and memory that did not move: not the work of the run sampled."""
+        moved = (self.mem or 0) - (self.mem_min if self.mem_min is not None else (self.mem or 0))
+        return (self.util_max or 0) <= 0 and moved < max(256, 0.02 * (self.mem_total or 0))
+
+    @property
+    def held_by_another(self) -> bool:
+        """Still, with memory held (a process of another tenant on a shared machine)."""
+        return self.still and (self.mem or 0) >= 256
 
 
 @dataclass
@@ -83,6 +99,8 @@ class Usage:
     hosts: list[str] = field(default_factory=list)
     why: str = ""  # for status != ok: what is missing, for this allocation
     reason: str = ""  # ``why`` without the allocation's own details: notes group by it
+    # how a run's GPUs were told from the rest of its machine's (tracker samples list all)
+    chosen_from: str | None = None
 
     @property
     def label(self) -> str:
@@ -109,6 +127,8 @@ class Usage:
                 out["max_gpu_memory_mib"] = round(self.peak_mem_mib, 1)
         if self.samples:
             out["samples"] = self.samples
+        if self.chosen_from:
+            out["gpus_of_the_run"] = self.chosen_from
         return out
 
 
@@ -228,7 +248,8 @@ class UsageIndex:
         for run in self.facts.runs:
             if (
                 run.job_id is not None
-                or run.cost.rung != "system_metrics"
+                or not run.sampled_gpus
+                or not run.cost.gpus
                 or run.start_time is None
                 or run.last_seen is None
             ):
@@ -239,7 +260,7 @@ class UsageIndex:
                     key=f"run\0{run.source_id}\0{run.run_id}",
                     subject={"run_id": run.run_id, "run_name": run.name},
                     label=f"run {run.name!r}",
-                    gpus=int(run.cost.gpus or 0),
+                    gpus=int(run.cost.gpus),
                     start=run.start_time,
                     end=run.last_seen,
                     cost=run.cost,
@@ -279,7 +300,11 @@ class UsageIndex:
             ],
             unsampled=False,
         )
-        tracked = _run_system_metrics(self.con, [a for a in allocations if a.kind == "run"])
+        runs = {a.key: a for a in allocations if a.kind == "run"}
+        tracked = {
+            key: _the_runs_gpus(runs[key], use)
+            for key, use in _run_system_metrics(self.con, list(runs.values())).items()
+        }
         out = {}
         for alloc in allocations:
             key = alloc.key
@@ -558,7 +583,8 @@ def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
             WITH own AS (
                 SELECT k.key, s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
                        max(s.mem_total_mib) AS mem_total, count(*) AS samples,
-                       any_value(s.model) AS model
+                       any_value(s.model) AS model, max(s.util_pct) AS util_max,
+                       min(s.mem_used_mib) AS mem_min
                 FROM gpu_samples s JOIN audit_runs k USING (source_id, run_id)
                 WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
                 GROUP BY ALL
@@ -578,7 +604,9 @@ def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
                            / nullif(max(value) FILTER (WHERE field = 'memory_usage_percentage'), 0)
                            * 100 AS mem_total,
                        count(*) FILTER (WHERE field = 'utilization_percentage') AS samples,
-                       NULL AS model
+                       NULL AS model,
+                       max(value) FILTER (WHERE field = 'utilization_percentage') AS util_max,
+                       min(value) FILTER (WHERE field = 'memory_usage_megabytes') AS mem_min
                 FROM points WHERE gpu <> '' GROUP BY ALL
             )
             SELECT * FROM own UNION ALL SELECT * FROM logged ORDER BY key, host, gpu
@@ -599,6 +627,8 @@ def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
                 row["mem"],
                 row["mem_total"],
                 row["samples"],
+                row["util_max"],
+                row["mem_min"],
             )
         )
         models.setdefault(row["key"], row["model"])
@@ -612,6 +642,42 @@ def _run_system_metrics(con, allocations: list[Allocation]) -> dict[str, Usage]:
         )
         for a_key, activity in grouped.items()
     }
+
+
+def _the_runs_gpus(alloc: Allocation, use: Usage) -> Usage:
+    """``use`` (every GPU of the run's machine, as its tracker sampled them) cut to the
+    run's own GPUs: those its device list names; else, for a count it was given (world
+    size, parallelism, default), the most active of the GPUs no other tenant held; else
+    (rung activity) the GPUs that show its activity. The others are named in the evidence."""
+    activity = use.per_gpu or []
+    cost = alloc.cost
+    chosen: list[GpuActivity] = []
+    if cost.devices:
+        wanted = set(cost.devices)
+        chosen = [g for g in activity if g.gpu in wanted]
+    if not chosen:
+        if cost.rung == "activity":
+            chosen = [g for g in activity if not g.still]
+        else:
+            candidates = [g for g in activity if not g.held_by_another]
+            ranked = sorted(candidates, key=lambda g: (-g.util, -(g.mem or 0), g.host, g.gpu))
+            chosen = sorted(ranked[: alloc.gpus], key=lambda g: (g.host, g.gpu))
+    if not chosen or len(chosen) == len(activity):
+        return use
+    left = [g for g in activity if g not in chosen]
+    tenants = [g.gpu for g in left if g.held_by_another]
+    empty = [g.gpu for g in left if g.still and not g.held_by_another]
+    busy = [g.gpu for g in left if not g.still]
+    parts = [f"GPUs {', '.join(g.gpu for g in chosen)} of the machine's {len(activity)}"]
+    if tenants:
+        parts.append(f"GPUs {', '.join(tenants)} held memory at 0 % all along (another tenant's)")
+    if empty:
+        parts.append(f"GPUs {', '.join(empty)} stayed empty")
+    if busy:
+        parts.append(f"GPUs {', '.join(busy)} were busy beyond the run's {alloc.gpus}")
+    narrowed = _from_activity(use.source, len(chosen), chosen, use.hosts, use.model)
+    narrowed.chosen_from = f"{cost.rung_label} ({cost.source}): " + "; ".join(parts)
+    return narrowed
 
 
 def _sacct_usage(job: JobFacts) -> Usage | None:

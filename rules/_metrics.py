@@ -62,6 +62,33 @@ def lookalike_metrics(
     ]
 
 
+def crossing_point(ctx: RuleContext, run, limits: dict[str, tuple[float, int, float]]):
+    """The first logged point (ts, step) at which one of ``limits``' metrics was worse than
+    its baseline by more than its tolerance: per metric (baseline, direction sign,
+    tolerance); None when no logged point was."""
+    if not limits:
+        return None
+    cases = " ".join("WHEN key = ? THEN ?" for _ in limits)
+    row = ctx.rows(
+        f"""
+        SELECT ts, step FROM metrics
+        WHERE source_id = ? AND run_id = ? AND list_contains(?, key) AND ts IS NOT NULL
+          AND (value - (CASE {cases} END)) * (CASE {cases} END)
+              < -(CASE {cases} END) - 1e-12
+        ORDER BY ts, step LIMIT 1
+        """,
+        [
+            run.source_id,
+            run.run_id,
+            list(limits),
+            *[x for k, v in limits.items() for x in (k, v[0])],
+            *[x for k, v in limits.items() for x in (k, v[1])],
+            *[x for k, v in limits.items() for x in (k, v[2])],
+        ],
+    )
+    return row[0] if row else None
+
+
 def cost_after_crossing(run, crossing: dict | None, evidence: dict, what: str):
     """GPU-hours, dollars and run-hours of ``run`` from the first logged point past its
     tolerance (``crossing``: ts, step) to its end: what a gate at that step would have

@@ -1,6 +1,7 @@
 """Training-instability signals in metric histories, shared by STB001 and PIL001.
 
-Each signal looks at one logged series (steps in order) and returns its *onset*: the first
+Each signal looks at one logged series (steps in order; a log with steps and no clock
+times, such as an HF Trainer state, is read by step alone) and returns its *onset*: the first
 point, after the warm-up points, from which the series stayed abnormal for
 ``sustain_points`` consecutive points (or until its last point). Each abnormal test is
 frozen at the candidate onset, so a slow drift of the reference cannot hide a blow-up:
@@ -42,7 +43,7 @@ class Signal:
     series: str  # the KINDS entry whose metric showed it
     metric: str
     onset_step: int | None
-    onset_time: datetime
+    onset_time: datetime | None  # None: the log has steps but no clock times
     value: float
     test: str  # the abnormal test with its numbers, e.g. "≥ 10 × median 0.41 = 4.1"
     around: list = field(default_factory=list)  # [step, value] before and after the onset
@@ -103,7 +104,7 @@ FROM latest_metrics l JOIN stability_names n USING (key) GROUP BY ALL
 SCREEN = """
 SELECT m.source_id, m.run_id, m.key FROM metrics m
 JOIN stability_chosen c USING (source_id, run_id, key)
-WHERE m.ts IS NOT NULL
+WHERE m.ts IS NOT NULL OR m.step IS NOT NULL
 GROUP BY m.source_id, m.run_id, m.key, c.kind
 HAVING (c.kind IN ('loss', 'grad_norm') AND (
             count(*) FILTER (WHERE m.value IS NULL OR NOT isfinite(m.value)) > 0
@@ -187,7 +188,8 @@ def _screened_series(ctx: RuleContext) -> Series:
                     """
                     SELECT m.source_id, m.run_id, m.key, m.step, m.ts, m.value
                     FROM metrics m JOIN stability_candidates c USING (source_id, run_id, key)
-                    WHERE m.ts IS NOT NULL ORDER BY m.source_id, m.run_id, m.key, m.step, m.ts
+                    WHERE m.ts IS NOT NULL OR m.step IS NOT NULL
+                    ORDER BY m.source_id, m.run_id, m.key, m.step, m.ts
                     """
                 ).fetchall():
                     points.setdefault(key_of(source_id, run_id), {}).setdefault(
@@ -211,7 +213,16 @@ def signals_of(series: dict[str, tuple[str, list]], th: dict[str, float]) -> lis
         if found:
             found.series = kind
             out.append(found)
-    return sorted(out, key=lambda s: (s.onset_time, s.metric))
+    # by time when the log has times, else by step
+    return sorted(
+        out,
+        key=lambda s: (
+            s.onset_time is None,
+            s.onset_time or datetime.min,
+            s.onset_step if s.onset_step is not None else -1,
+            s.metric,
+        ),
+    )
 
 
 def unstable_runs(ctx: RuleContext) -> dict[tuple, list[Signal]]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 import polars as pl
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
-from audit.warehouse.intervals import allocation_hours, host_instants, materialised, sample_hour
+from audit.usage import TRACKER_ORIGINS
+from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
 from audit.warehouse.slices import partition_slices
 
 # Hosts are read in groups of at most this many samples. A host's idle stretches depend on
@@ -14,43 +15,50 @@ SAMPLES_PER_QUERY = 2_500_000
 
 
 class IdleHost(Rule):
-    """A host kept reporting GPU telemetry, with no job on it, for hours.
+    """GPUs sat idle by their own telemetry, with no job on their host, for hours.
 
     What it detects:
-    Stretches of at least `min_idle_hours` during which a host sent GPU telemetry while no
-    Slurm job was allocated on it. A host that reports telemetry is taken to be up and
-    paid for (a reservation, a dedicated node, a cloud instance left running); shorter
-    gaps between jobs are normal scheduling and are not flagged.
+    Per GPU, stretches of at least `min_idle_hours` in which every sample of the GPU was at
+    or under `idle_util_pct` utilisation and no imported Slurm job held its host (samples
+    closer than `max_gap_minutes`; a longer gap means the host was down). The GPUs of one
+    host idle at the same time are one finding. A host no imported job ever ran on is
+    judged by its telemetry alone: its idle GPUs are reported, with the note that whether
+    they were allocated is unknown. Tracker system metrics (samples a run logged of its own
+    machine) are not host telemetry and are not read here.
 
     Why it is waste:
-    The capacity is paid for and does nothing. Waste = GPUs seen on the host × hours.
+    The capacity is paid for and does nothing. Waste = the idle GPUs' hours.
+    Idle capacity outside every job is reported apart from the spend of jobs (it is not
+    part of any job's cost).
 
     Known false positives:
-    Hosts whose jobs were not imported (a partition missing from the sacct export), and
-    on-premise nodes whose idle time costs only power (lower `[prices]` for them).
+    Hosts whose jobs were not imported (a partition missing from the sacct export): the
+    finding says when no imported job ever ran on the host; on-premise nodes whose idle
+    time costs only power (lower `[prices]` for them).
 
     Example:
-    `gpu-h04` reported 8 idle H100s for 12 h after its last job ended: 96 GPU-h.
+    `gpu-h04` reported 8 H100s at 0 % for 12 h after its last job ended: 96 GPU-h.
 
     How to fix:
     Release reservations and cloud nodes when the queue is empty (Slurm power saving,
     autoscaling), or fill them with backfill jobs.
 
     References:
-    Slurm power saving guide (SuspendTime); cloud autoscaler documentation.
+    Slurm power saving guide (SuspendTime); cloud autoscaler documentation; Princeton's
+    Job Defense Shield (a GPU at 0 % is idle).
     """
 
     code = "IDL003"
     name = "idle-host"
     severity = Severity.HIGH
     family_label = "idle capacity"
-    needs = {
-        "gpu_samples": "no GPU telemetry imported",
-        "jobs": "no Slurm jobs imported (cannot tell idle hosts)",
-    }
+    needs = {"gpu_samples": "no GPU telemetry imported"}
     alone = True
     thresholds = {
         "min_idle_hours": Threshold(4.0, "flag idle stretches at least this long", 0.5, unit="h"),
+        "idle_util_pct": Threshold(
+            5.0, "a GPU at or under this utilisation is idle (OVP001's busy threshold)", 0, 100, "%"
+        ),
         "max_gap_minutes": Threshold(
             15.0, "telemetry gaps longer than this end a stretch (host down)", 1, unit="min"
         ),
@@ -62,70 +70,138 @@ class IdleHost(Rule):
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
         condition, params = ctx.window.condition("ts")
+        telemetry = f"({condition}) AND NOT list_contains(?, origin)"
+        params = [*params, list(TRACKER_ORIGINS)]
         sizes = ctx.con.execute(
-            f"SELECT host, count(*) FROM gpu_samples WHERE {condition} GROUP BY host ORDER BY host",
+            f"SELECT host, count(*) FROM gpu_samples WHERE {telemetry} GROUP BY host ORDER BY host",
             params,
         ).fetchall()
         if not sizes:  # no telemetry in the window: no allocation hours to materialise
             return
-        of_hosts = f"({condition}) AND host IN (SELECT host FROM audit_idle_host_group)"
-        spans: list[dict] = []
+        in_clusters = {
+            host for (host,) in ctx.con.execute("SELECT DISTINCT host FROM job_nodes").fetchall()
+        }
+        of_hosts = f"{telemetry} AND host IN (SELECT host FROM audit_idle_host_group)"
+        stretches: list[dict] = []
         with materialised(ctx.con, "audit_allocation_hours", allocation_hours()):
             for hosts in partition_slices(sizes, SAMPLES_PER_QUERY):
                 group = pl.DataFrame({"host": hosts}, schema={"host": pl.String})
                 ctx.con.register("audit_idle_host_group", group)
                 try:
-                    spans += ctx.rows(
+                    stretches += ctx.rows(
                         f"""
-                        WITH instants AS (SELECT * FROM {host_instants(of_hosts)}),
+                        WITH samples AS (
+                            SELECT host, gpu, ts, util_pct AS util, model FROM gpu_samples
+                            WHERE {of_hosts} AND isfinite(util_pct)
+                        ),
+                        instants AS (SELECT DISTINCT host, ts FROM samples),
                         covered AS (
                             SELECT DISTINCT i.host, i.ts
                             FROM instants i JOIN audit_allocation_hours a
-                              ON a.host = i.host AND a.hour = {sample_hour("i.ts")} AND i.ts >= a.lo AND i.ts < a.hi
+                              ON a.host = i.host AND a.hour = {sample_hour("i.ts")}
+                             AND i.ts >= a.lo AND i.ts < a.hi
                         ),
-                        times AS (
-                            SELECT i.*, c.host IS NOT NULL AS busy
-                            FROM instants i LEFT JOIN covered c ON c.host = i.host AND c.ts = i.ts
+                        flagged AS (
+                            SELECT s.*, c.host IS NULL AND s.util <= ? AS idle
+                            FROM samples s LEFT JOIN covered c ON c.host = s.host AND c.ts = s.ts
                         ),
                         marked AS (
-                            SELECT *, CASE WHEN busy OR lag(busy) OVER w OR lag(ts) OVER w IS NULL
-                                                OR ts - lag(ts) OVER w > to_minutes(CAST(? AS BIGINT)) THEN 1 ELSE 0 END AS starts
-                            FROM times WINDOW w AS (PARTITION BY host ORDER BY ts)
+                            SELECT *, CASE WHEN idle AND (NOT coalesce(lag(idle) OVER w, false)
+                                                OR ts - lag(ts) OVER w > to_minutes(CAST(? AS BIGINT)))
+                                           THEN 1 ELSE 0 END AS starts
+                            FROM flagged WINDOW w AS (PARTITION BY host, gpu ORDER BY ts)
                         ),
                         numbered AS (
-                            SELECT *, sum(starts) OVER (PARTITION BY host ORDER BY ts) AS stretch FROM marked WHERE NOT busy
+                            SELECT *, sum(starts) OVER (PARTITION BY host, gpu ORDER BY ts) AS stretch
+                            FROM marked
                         )
-                        SELECT host, stretch, min(ts) AS first_ts, max(ts) AS last_ts, max(gpus) AS gpus,
-                               any_value(model) AS model, count(*) AS samples
-                        FROM numbered GROUP BY host, stretch ORDER BY host, first_ts
+                        SELECT host, gpu, min(ts) AS first_ts, max(ts) AS last_ts,
+                               count(*) AS samples, max(util) AS max_util,
+                               any_value(model) AS model
+                        FROM numbered WHERE idle GROUP BY host, gpu, stretch
+                        HAVING max(ts) - min(ts) >= to_minutes(CAST(? AS BIGINT))
+                        ORDER BY host, first_ts, gpu
                         """,
-                        [*params, round(t["max_gap_minutes"])],
+                        [
+                            *params,
+                            t["idle_util_pct"],
+                            round(t["max_gap_minutes"]),
+                            round(t["min_idle_hours"] * 60),
+                        ],
                     )
                 finally:
                     ctx.con.unregister("audit_idle_host_group")
-        for span in spans:
-            hours = (span["last_ts"] - span["first_ts"]).total_seconds() / 3600
-            if hours < t["min_idle_hours"]:
-                continue
-            price, key = ctx.gpu_price(span["model"])
-            gpu_hours = span["gpus"] * hours
-            yield self.finding(
-                subject={
-                    "host": span["host"],
-                    "from": span["first_ts"].isoformat(timespec="minutes"),
-                },
-                message=(
-                    f"host {span['host']} reported {span['gpus']} GPUs with no job for {hours:.1f} h "
-                    f"({span['first_ts']:%Y-%m-%d %H:%M} to {span['last_ts']:%Y-%m-%d %H:%M} UTC; threshold {t['min_idle_hours']:g} h)"
+        for host, group in _overlapping(stretches):
+            yield self._finding(ctx, host, group, host in in_clusters)
+
+    def _finding(self, ctx: RuleContext, host: str, group: list[dict], in_cluster: bool):
+        t = ctx.thresholds
+        first = min(s["first_ts"] for s in group)
+        last = max(s["last_ts"] for s in group)
+        per_gpu = [
+            {
+                "gpu": s["gpu"],
+                "from": s["first_ts"],
+                "to": s["last_ts"],
+                "hours": round(_hours(s), 3),
+                "max_util_pct": s["max_util"],
+                "samples": s["samples"],
+            }
+            for s in group
+        ]
+        gpu_hours = sum(_hours(s) for s in group)
+        price, key = ctx.gpu_price(group[0]["model"])
+        gpus = len({s["gpu"] for s in group})
+        terms = " + ".join(f"{_hours(s):.2f}" for s in group[:8])
+        if len(group) > 8:
+            terms += f" + … ({len(group)} stretches)"
+        allocation = (
+            "no imported job held the host meanwhile"
+            if in_cluster
+            else "no imported job ever ran on this host: whether the GPUs were allocated "
+            "(to a job of a cluster not imported) is unknown"
+        )
+        return self.finding(
+            subject={"host": host, "from": first.isoformat(timespec="minutes")},
+            message=(
+                f"host {host}: {gpus} GPU{'s' if gpus > 1 else ''} at ≤ {t['idle_util_pct']:g} % "
+                f"utilisation for {gpu_hours:.1f} GPU-h between {first:%Y-%m-%d %H:%M} and "
+                f"{last:%Y-%m-%d %H:%M} UTC, {allocation.split(':')[0]} (threshold "
+                f"{t['min_idle_hours']:g} h per GPU)"
+            ),
+            evidence={
+                "idle_gpus": per_gpu,
+                "allocation": allocation,
+                "idle_when": f"every sample at ≤ {t['idle_util_pct']:g} % utilisation",
+                "formula": (
+                    f"{terms} h of idle GPUs = {gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h "
+                    f"({key}) = ${gpu_hours * price:,.2f}"
                 ),
-                evidence={
-                    "first_sample": span["first_ts"],
-                    "last_sample": span["last_ts"],
-                    "samples": span["samples"],
-                    "formula": f"{span['gpus']} GPUs × {hours:.2f} h = {gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({key}) = ${gpu_hours * price:,.2f}",
-                },
-                gpu_hours=gpu_hours,
-                usd=gpu_hours * price,
-                cost_basis=f"host telemetry: {span['gpus']} GPUs reporting × {hours:.2f} h",
-                happened_at=span["first_ts"],
-            )
+            },
+            gpu_hours=gpu_hours,
+            usd=gpu_hours * price,
+            cost_basis=f"host telemetry: {gpus} idle GPUs, {gpu_hours:.2f} GPU-h",
+            happened_at=first,
+        )
+
+
+def _hours(stretch: dict) -> float:
+    return (stretch["last_ts"] - stretch["first_ts"]).total_seconds() / 3600
+
+
+def _overlapping(stretches: list[dict]):
+    """(host, stretches) for each set of one host's GPU stretches that overlap in time."""
+    by_host: dict[str, list[dict]] = {}
+    for stretch in stretches:
+        by_host.setdefault(stretch["host"], []).append(stretch)
+    for host, items in sorted(by_host.items()):
+        items.sort(key=lambda s: (s["first_ts"], s["gpu"]))
+        group, until = [items[0]], items[0]["last_ts"]
+        for item in items[1:]:
+            if item["first_ts"] <= until:
+                group.append(item)
+                until = max(until, item["last_ts"])
+                continue
+            yield host, group
+            group, until = [item], item["last_ts"]
+        yield host, group

@@ -15,7 +15,10 @@ class IdleAllocatedGpus(Rule):
     GPU telemetry (nvidia-smi, DCGM, Prometheus), the tracker's system metrics or a
     jobstats summary; sacct's one figure per job cannot tell an idle GPU among busy ones,
     so such jobs get a note, not a finding. Runs outside Slurm with GPU system metrics are
-    judged the same way.
+    judged against what they were given: their GPU list, the world size they reported or
+    the parallelism they were configured with (`audit.costs`); a tracker's system metrics
+    list every GPU of the machine, so a run known only by the GPUs seen working gets a
+    note, never a finding (an idle GPU there may be nobody's, or another tenant's).
 
     Why it is waste:
     The idle GPUs were paid for and blocked other jobs. Waste = idle GPUs × job hours.
@@ -59,6 +62,18 @@ class IdleAllocatedGpus(Rule):
         t = ctx.thresholds
         unjudged = Unjudged()
         for alloc, use in judged(ctx, t["min_job_minutes"]):
+            if alloc.kind == "run" and not alloc.cost.is_allocation and use.chosen_from:
+                unjudged.add(
+                    "only host-wide GPU samples (tracker system metrics list every GPU of the "
+                    "machine) and no allocation recorded: an idle GPU there is not known to "
+                    "be the run's",
+                    alloc,
+                    use,
+                    f"{alloc.label}: only host-wide GPU samples and no recorded allocation "
+                    "(no GPU list, world size or parallelism param): unused GPUs cannot be "
+                    "told from another tenant's",
+                )
+                continue
             if alloc.gpus < 2:
                 continue  # one GPU is either busy (fine) or idle (IDL002)
             if use.per_gpu is None:

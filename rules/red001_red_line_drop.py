@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.recipes import red_line_tolerance
 from audit.rule_api import Rule, RuleContext, Severity, Skip
 
-from ._metrics import cost_after_crossing, lookalike_metrics
+from ._metrics import cost_after_crossing, crossing_point, lookalike_metrics
 from ._shared import recipes
 
 # Words of metric names that look like red-line benchmarks: named when the globs match nothing.
@@ -34,18 +34,20 @@ class RedLineDrop(Rule):
     one. The general tolerance of REG002 and `audit gate --tolerance` never apply to red
     lines, and `audit gate` fails on such a drop. When the metric history crossed the line
     while training went on, the GPU-hours after the crossing are what a gate would have
-    saved. Red lines are higher-is-better numbers (refusal rate on harmful prompts,
-    harmlessness score). When no metric of any run matches the globs the rule says so once
-    (skipped, naming the metrics that look like red lines).
+    saved. Each red line is read in its own direction (`audit.facts.direction`: a refusal
+    rate on harmful prompts or a harmlessness score is higher-is-better, a toxicity rate
+    lower-is-better when the name or `[metrics] lower_is_better` says so); a red line whose
+    direction nothing tells is not judged and gets a note. When no metric of any run
+    matches the globs the rule says so once (skipped, naming the metrics that look like
+    red lines).
 
     Why it is waste:
     A model that crossed a red line cannot ship whatever it gained on its task: its
     training is redone, and everything after the crossing bought nothing.
 
     Known false positives:
-    Lower-is-better metrics (a toxicity rate) under the red-line globs: log them as
-    higher-is-better or leave them out of `[metrics] red_lines`; evaluation noise on small
-    suites (give the metric a tolerance in `[metrics] red_line_tolerances`).
+    Evaluation noise on small suites (give the metric a tolerance in
+    `[metrics] red_line_tolerances`).
 
     Example:
     `sft-llama-chat-mix`: `eval/safety/harmful_refusal` 0.948 → 0.901 (−0.047, tolerance 0)
@@ -80,6 +82,7 @@ class RedLineDrop(Rule):
         if unheld:
             raise Skip(unheld)
         unjudged: dict[str | None, list] = {}
+        unknown: set[str] = set()
         for run in ctx.facts.runs_in(ctx.window):
             values = found.values(run, "red_lines")
             if not values or run.lifecycle_stage != "active" or not found.is_training(run):
@@ -92,17 +95,29 @@ class RedLineDrop(Rule):
                 continue
             drops = {}
             for metric in shared:
+                direction = found.directions(metric)
+                if direction is None:
+                    unknown.add(metric)
+                    continue
                 allowed = red_line_tolerance(ctx.config, metric)
-                change = values[metric] - reference[metric]
-                if change < -allowed - 1e-12:
+                gain = direction.improvement(reference[metric], values[metric])
+                if gain < -allowed - 1e-12:
                     drops[metric] = {
                         "baseline": round(reference[metric], 6),
                         "current": round(values[metric], 6),
-                        "change": round(change, 6),
+                        "change": round(values[metric] - reference[metric], 6),
+                        "gain": round(gain, 6),
+                        "better": direction.word,
+                        "sign": direction.sign,
                         "tolerance": allowed,
                     }
             if drops:
                 yield self._finding(ctx, run, baseline, reference, drops)
+        if unknown:
+            ctx.note(
+                f"red lines not judged: the direction of {', '.join(sorted(unknown))} is "
+                "unknown; set [metrics] higher_is_better or lower_is_better to match it"
+            )
         for base_model, runs in sorted(unjudged.items(), key=lambda kv: str(kv[0])):
             names = ", ".join(repr(r.name) for r in runs[:3]) + (
                 f" and {len(runs) - 3} more" if len(runs) > 3 else ""
@@ -113,8 +128,10 @@ class RedLineDrop(Rule):
             )
 
     def _finding(self, ctx, run, baseline, reference, drops):
-        crossing = _crossing(ctx, run, {m: reference[m] - d["tolerance"] for m, d in drops.items()})
-        worst_metric, worst = min(drops.items(), key=lambda kv: kv[1]["change"])
+        crossing = crossing_point(
+            ctx, run, {m: (reference[m], d.pop("sign"), d["tolerance"]) for m, d in drops.items()}
+        )
+        worst_metric, worst = min(drops.items(), key=lambda kv: kv[1]["gain"])
         evidence = {
             "baseline_run": {"run_id": baseline.run_id, "name": baseline.name},
             "drops": drops,
@@ -126,8 +143,8 @@ class RedLineDrop(Rule):
             subject={"run_id": run.run_id, "run_name": run.name},
             message=(
                 f"run {run.name!r}: red line {worst_metric} {worst['baseline']:.3f} → "
-                f"{worst['current']:.3f} ({worst['change']:+.3f}, tolerance "
-                f"{worst['tolerance']:g}) against baseline {baseline.name!r}{more}"
+                f"{worst['current']:.3f} ({worst['change']:+.3f}; {worst['better']} is better, "
+                f"tolerance {worst['tolerance']:g}) against baseline {baseline.name!r}{more}"
             ),
             evidence=evidence,
             gpu_hours=gpu_hours,
@@ -138,26 +155,6 @@ class RedLineDrop(Rule):
             method=run.method,
             happened_at=run.start_time,
         )
-
-
-def _crossing(ctx: RuleContext, run, limits: dict[str, float]) -> dict | None:
-    """The first logged point at which a dropped red-line metric was below its limit."""
-    cases = " ".join("WHEN key = ? THEN ?" for _ in limits)
-    row = ctx.rows(
-        f"""
-        SELECT ts, step FROM metrics
-        WHERE source_id = ? AND run_id = ? AND list_contains(?, key) AND ts IS NOT NULL
-          AND value < (CASE {cases} END) - 1e-12
-        ORDER BY ts, step LIMIT 1
-        """,
-        [
-            run.source_id,
-            run.run_id,
-            list(limits),
-            *[x for k, v in limits.items() for x in (k, v)],
-        ],
-    )
-    return row[0] if row else None
 
 
 def _unheld(ctx: RuleContext, found, globs: list[str]) -> str | None:

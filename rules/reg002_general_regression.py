@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._metrics import cost_after_crossing, general_values
+from ._metrics import cost_after_crossing, crossing_point, general_values
 from ._shared import recipes
 
 
@@ -10,8 +10,10 @@ class GeneralRegression(Rule):
     """A run's general-ability benchmarks fell below its base model's by more than the tolerance.
 
     What it detects:
-    Runs whose latest value of any `[metrics] general` metric is lower than the baseline's
-    by more than `tolerance` (absolute). The baseline is the run tagged
+    Runs whose latest value of any `[metrics] general` metric is worse than the baseline's
+    by more than `tolerance` (absolute), in the metric's own direction: a loss or a
+    perplexity that rose, an accuracy that fell (`audit.facts.direction`; a metric whose
+    direction nothing tells is left out with a note). The baseline is the run tagged
     `audit.baseline=true` with the same `base_model` param. When the metric history
     crossed the tolerance at a step s while training went on, the GPU-hours after s are
     what an automatic gate would have saved. Runs registered as a model are critical.
@@ -59,6 +61,7 @@ class GeneralRegression(Rule):
             for r in ctx.rows("SELECT DISTINCT run_id FROM model_versions WHERE run_id IS NOT NULL")
         }
         without_baseline: dict[str | None, list[dict]] = {}
+        unknown: set[str] = set()
         for run in ctx.facts.runs_in(ctx.window):
             key = run.key
             if found.is_baseline(run) or key not in values or run.lifecycle_stage != "active":
@@ -68,19 +71,32 @@ class GeneralRegression(Rule):
                 without_baseline.setdefault(run.base_model, []).append(run)
                 continue
             reference = values.get(baseline.key, {})
-            drops = {
-                metric: {
-                    "baseline": reference[metric],
-                    "current": value,
-                    "change": value - reference[metric],
-                }
-                for metric, value in sorted(values[key].items())
-                if metric in reference and value < reference[metric] - tolerance
-            }
+            drops = {}
+            for metric, value in sorted(values[key].items()):
+                if metric not in reference:
+                    continue
+                direction = found.directions(metric)
+                if direction is None:
+                    unknown.add(metric)
+                    continue
+                gain = direction.improvement(reference[metric], value)
+                if gain < -tolerance:
+                    drops[metric] = {
+                        "baseline": reference[metric],
+                        "current": value,
+                        "change": value - reference[metric],
+                        "gain": gain,
+                        "better": direction.word,
+                    }
             if not drops:
                 continue
             yield self._finding(
                 ctx, run, baseline, reference, drops, tolerance, run.run_id in registered
+            )
+        if unknown:
+            ctx.note(
+                f"not judged: the direction of {', '.join(sorted(unknown))} is unknown; set "
+                "[metrics] higher_is_better or lower_is_better to a glob that matches it"
             )
         yield from self._missing_baselines(ctx, without_baseline, baseline_tag)
 
@@ -109,24 +125,19 @@ class GeneralRegression(Rule):
             )
 
     def _finding(self, ctx, run, baseline, reference, drops, tolerance, registered):
-        crossing = ctx.rows(
-            f"""
-            SELECT min(ts) AS ts, min(step) AS step FROM metrics
-            WHERE source_id = ? AND run_id = ? AND list_contains(?, key)
-              AND value < (CASE {" ".join("WHEN key = ? THEN ?" for _ in reference)} END) - ?
-            """,
-            [
-                run.source_id,
-                run.run_id,
-                list(reference),
-                *[x for k, v in reference.items() for x in (k, v)],
-                tolerance,
-            ],
-        )[0]
-        worst = min(drops.items(), key=lambda kv: kv[1]["change"])
+        found = recipes(ctx)
+        crossing = crossing_point(
+            ctx,
+            run,
+            {m: (reference[m], found.directions(m).sign, tolerance) for m in drops},
+        )
+        worst = min(drops.items(), key=lambda kv: kv[1]["gain"])
         evidence = {
             "baseline_run": {"run_id": baseline.run_id, "name": baseline.name},
-            "drops": {k: {n: round(x, 4) for n, x in v.items()} for k, v in drops.items()},
+            "drops": {
+                k: {n: round(x, 4) if isinstance(x, float) else x for n, x in v.items()}
+                for k, v in drops.items()
+            },
             "tolerance": tolerance,
         }
         gpu_hours, usd, run_hours = cost_after_crossing(run, crossing, evidence, "regression")
@@ -135,7 +146,8 @@ class GeneralRegression(Rule):
             subject={"run_id": run.run_id, "run_name": run.name},
             message=(
                 f"run {run.name!r}: {name} {change['baseline']:.3f} → {change['current']:.3f} "
-                f"({change['change']:+.3f}, tolerance −{tolerance:g}) against baseline {baseline.name!r}"
+                f"({change['change']:+.3f}; {change['better']} is better, tolerance "
+                f"{tolerance:g}) against baseline {baseline.name!r}"
                 + (f"; {len(drops)} general metrics regressed" if len(drops) > 1 else "")
             ),
             evidence=evidence,

@@ -34,9 +34,14 @@ class UnstableTraining(Rule):
     Why it is waste:
     A run that diverged at step 800 and trained on for two more days bought nothing after
     the onset: its checkpoints after the blow-up are thrown away and the run is redone. The
-    waste is the allocation's GPU-hours from the onset plus `grace_hours` (time for a person
-    or an alert to react) to the run's end; a run stopped within the grace window is not
-    flagged.
+    waste is the allocation's GPU-hours (the run's GPUs as `audit.costs` finds them) from
+    the onset plus a grace (time for a person or an alert to react: `grace_hours`, but at
+    most `grace_fraction` of the run, so a 2-hour run is not judged by a 1-hour grace) to
+    the run's end; a run stopped within the grace is not flagged. A log with steps and no
+    clock times (an HF Trainer state) is judged by step: when the run's duration is known
+    (`train_runtime`, `elapsed_time`), the hours after the onset are the steps after it
+    over all its steps × that duration (stated as an estimate); when it is not, the
+    finding names the steps and says the hours are unknown.
 
     Known false positives:
     A deliberate change of phase that moves a series (a new data mix, a learning-rate
@@ -78,6 +83,12 @@ class UnstableTraining(Rule):
         ),
         "grace_hours": Threshold(
             1.0, "time for an alert and a person to react after the onset: not waste", 0, unit="h"
+        ),
+        "grace_fraction": Threshold(
+            0.1,
+            "the grace is at most this share of the run's duration (an alert on a 2-hour run fires in minutes, not an hour)",
+            0,
+            1,
         ),
         "loss_spike_factor": Threshold(
             10.0, "loss ≥ this × its running median (Megatron-LM SPIKY_LOSS_FACTOR = 10)", 1
@@ -139,58 +150,103 @@ class UnstableTraining(Rule):
             )
         unstable = unstable_runs(ctx)
         eval_methods = set(ctx.config.values["attribution"]["eval_methods"])
-        grace = ctx.thresholds["grace_hours"]
         for run in ctx.facts.runs_in(ctx.window):
             signals = unstable.get(run.key)
             if not signals or (run.method or "") in eval_methods:
                 continue
             first = signals[0]
-            end = run.job_end or run.last_seen
-            if end is None:
-                ctx.note(f"run {run.name!r}: no end time, the hours after the onset are unknown")
-                continue
-            after = (end - first.onset_time).total_seconds() / 3600 - grace
-            if after <= 0:
-                continue  # stopped within the grace window: what should happen
-            gpu_hours, usd = run.cost.part(after)
-            span = (
-                f"{after:.2f} h from the onset at {first.onset_time:%Y-%m-%d %H:%M} + "
-                f"{grace:g} h grace to the end at {end:%Y-%m-%d %H:%M}"
-            )
-            formula = (
-                f"{run.cost.gpus:g} GPUs × {span} = {run.cost.formula(gpu_hours)}"
-                if gpu_hours is not None
-                else f"{span}; {run.cost.basis}: no GPU-hour or dollar figure"
-            )
-            key = first.metric
-            points = series_points(ctx)[run.key][key]
+            points = series_points(ctx)[run.key][first.metric]
+            span = self._after_onset(ctx, run, first, points)
+            if span is None:
+                continue  # stopped within the grace: what should happen
+            after, went, how = span
             more = f"; {len(signals) - 1} more signal(s)" if len(signals) > 1 else ""
+            evidence = {
+                "signals": [s.as_json() for s in signals],
+                "chart": {
+                    "metric": first.metric,
+                    "onset_step": first.onset_step,
+                    "points": chart_points(points),
+                },
+            }
+            if after is None:
+                evidence["formula"] = (
+                    f"{how}: the hours after the onset are unknown; no GPU-hour figure"
+                )
+                gpu_hours = usd = run_hours = None
+                went_on = how
+            else:
+                gpu_hours, usd = run.cost.part(after)
+                evidence["trained_on_hours"] = round(after, 3)
+                evidence["formula"] = (
+                    f"{run.cost.gpus:g} GPUs × {after:.2f} h ({how}) = "
+                    f"{run.cost.formula(gpu_hours)}"
+                    if gpu_hours is not None
+                    else f"{after:.2f} h ({how}); {run.cost.basis}: no GPU-hour or dollar figure"
+                )
+                run_hours = after if gpu_hours is None else None
+                went_on = f"training went on for {went:.1f} h"
             yield self.finding(
                 subject={"run_id": run.run_id, "run_name": run.name},
                 message=(
                     f"run {run.name!r}: {first.kind} in {first.metric} at step {first.onset_step} "
-                    f"({_value(first.value)}, {first.test}) and training went on for "
-                    f"{after + grace:.1f} h{more}"
+                    f"({_value(first.value)}, {first.test}) and {went_on}{more}"
                 ),
-                evidence={
-                    "signals": [s.as_json() for s in signals],
-                    "grace_hours": grace,
-                    "trained_on_hours": round(after, 3),
-                    "chart": {
-                        "metric": key,
-                        "onset_step": first.onset_step,
-                        "points": chart_points(points),
-                    },
-                    "formula": formula,
-                },
+                evidence=evidence,
                 gpu_hours=gpu_hours,
                 usd=usd,
-                run_hours=after if gpu_hours is None else None,
+                run_hours=run_hours,
                 cost_basis=run.cost.basis,
                 team=run.team,
                 method=run.method,
-                happened_at=first.onset_time,
+                happened_at=first.onset_time or run.start_time,
             )
+
+    @staticmethod
+    def _after_onset(ctx, run, first, points) -> tuple[float | None, float | None, str] | None:
+        """(hours claimed: trained after the onset and its grace; hours trained after the
+        onset; how they were found); None when the run stopped within the grace; hours None
+        when nothing tells them."""
+        duration = run.run_hours
+        grace = ctx.thresholds["grace_hours"]
+        if duration is not None:
+            grace = min(grace, ctx.thresholds["grace_fraction"] * duration)
+        end = run.job_end or run.last_seen
+        if first.onset_time is not None and end is not None:
+            went = (end - first.onset_time).total_seconds() / 3600
+            after = went - grace
+            if after <= 0:
+                return None
+            return (
+                after,
+                went,
+                (
+                    f"from the onset at {first.onset_time:%Y-%m-%d %H:%M} + {grace:.2f} h grace "
+                    f"to the end at {end:%Y-%m-%d %H:%M}"
+                ),
+            )
+        steps = [step for step, _ts, _v in points if step is not None]
+        onset = first.onset_step
+        if not steps or onset is None:
+            return None, None, "the log holds neither times nor steps for the onset"
+        low, high = min(steps), max(steps)
+        share = (high - onset) / (high - low) if high > low else 0.0
+        where = f"steps {onset}-{high} of {low}-{high}, the log has no clock times"
+        if duration is None:
+            return (None, None, f"trained on from step {onset} to step {high} ({share:.0%} of the "
+                    "logged steps); the log has no clock times and no duration")  # fmt: skip
+        went = share * duration
+        after = went - grace
+        if after <= 0:
+            return None
+        return (
+            after,
+            went,
+            (
+                f"{where}: {share:.0%} of the run's {duration:.2f} h, positioned by step, "
+                f"− {grace:.2f} h grace"
+            ),
+        )
 
 
 def _value(value: float) -> str:

@@ -84,12 +84,18 @@ def test_gate_on_a_running_run(server, run_cli, tmp_path):
     print(f"gate --refresh in-process: {elapsed * 1000:.0f} ms")
     code, out, _ = run_cli(*args)
     assert code == 0
-    assert out.splitlines()[-1].startswith("pass: worst eval/general/mmlu -0.0100 against baseline")
+    assert out.splitlines()[-1].startswith(
+        "pass: worst eval/general/mmlu -0.0100 (higher is better: gain -0.0100) against baseline"
+    )
 
     client.log_batch(run_id, metrics=[Metric("eval/general/mmlu", 0.66, _now_ms(), 200)])
     code, out, _ = run_cli(*args, "--tag")
     assert code == 1
-    assert "eval/general/mmlu     0.7000   0.6600  -0.0400  -0.0200  REGRESSED" in out
+    assert re.search(
+        r"eval/general/mmlu\s+higher\s+0\.7000\s+0\.6600\s+-0\.0400\s+-0\.0400\s+-0\.0200"
+        r"\s+REGRESSED",
+        out,
+    )
     tags = client.get_run(run_id).data.tags
     assert tags["audit.gate"] == "fail" and tags["audit.gate.worst_metric"] == "eval/general/mmlu"
     assert tags["audit.gate.worst_change"] == "-0.0400"
@@ -128,10 +134,13 @@ def test_gate_fails_on_a_red_line_whatever_the_tolerance(run_cli, demo_db):
     code, out, _ = run_cli(*base, ids["sft-llama-chat-mix"], "--tolerance", "1")
     assert code == 1
     assert re.search(
-        r"eval/safety/harmful_refusal\s+0\.9480\s+0\.9010\s+-0\.0470\s+-0\.0000\s+RED LINE", out
+        r"eval/safety/harmful_refusal\s+higher\s+0\.9480\s+0\.9010\s+-0\.0470\s+-0\.0470"
+        r"\s+-0\.0000\s+RED LINE",
+        out,
     )
     assert out.splitlines()[-1].startswith(
-        "FAIL: worst eval/safety/harmful_refusal -0.0470 against baseline "
+        "FAIL: worst eval/safety/harmful_refusal -0.0470 (higher is better: gain -0.0470) "
+        "against baseline "
     ) and out.splitlines()[-1].endswith("(red line, tolerance 0)")
     # the red line held on its sibling: the general tolerance alone decides
     assert run_cli(*base, ids["sft-llama-seed1"], "--tolerance", "1")[0] == 0

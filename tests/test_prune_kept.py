@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunTag
 
@@ -239,7 +240,24 @@ def _deep_tree(folder: Path, depth: int) -> None:
     os.close(handle)
 
 
-def test_a_damaged_entry_is_recorded_as_failed_and_the_apply_goes_on(tmp_path, run_cli):
+@pytest.fixture
+def deep_tmp(tmp_path):
+    """tmp_path, emptied without recursion afterwards: a tree deeper than the recursion
+    limit left behind would break pytest's own clean-up of old folders (shutil.rmtree)."""
+    yield tmp_path
+    from audit.actions.prune import _remove_tree
+
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in os.listdir(parent):
+            if os.path.isdir(tmp_path / name) and not os.path.islink(tmp_path / name):
+                _remove_tree(parent, name, str(tmp_path / name))
+    finally:
+        os.close(parent)
+
+
+def test_a_damaged_entry_is_recorded_as_failed_and_the_apply_goes_on(deep_tmp, run_cli):
+    tmp_path = deep_tmp
     first, second = tmp_path / "scratch" / "a", tmp_path / "scratch" / "b"
     a = _six(first)
     b = _six(second)

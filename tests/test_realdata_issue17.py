@@ -77,21 +77,18 @@ def test_verl_run_that_blew_up_and_was_killed_later(tmp_path):
                     "start": 0,
                     "end": end,
                     "status": "KILLED",
-                    # the run's metadata: 8 A800 GPUs on one node (verl's trainer keys)
-                    "params": {"trainer.n_gpus_per_node": 8, "trainer.nnodes": 1},
+                    # the run's config: 4 of the machine's 8 A800 GPUs (verl's trainer keys)
+                    "params": {"trainer.n_gpus_per_node": 4, "trainer.nnodes": 1},
                     "tags": {"method": "rl"},
                     "metrics": metrics,
                 }
             ]
         }
     }
-    # killed 0.5 h after the first signal: within the default 1 h grace, which is what
-    # should happen, so nothing is claimed
-    result = run_case("STB001", case, tmp_path / "default")
-    assert result.status == "ok" and result.findings == [], result.findings
-    # with a 15-minute grace the hours after it are claimed, with both signals as evidence
-    case["config"] = "[rules.STB001]\ngrace_hours = 0.25\n"
-    (finding,) = run_case("STB001", case, tmp_path / "short-grace").findings
+    # killed ~35 min after the first signal, on a ~2-hour run: the grace is 10 % of the run
+    # (an alert on a 2-hour run fires in minutes), so the hours after it are claimed, with
+    # both signals as evidence
+    (finding,) = run_case("STB001", case, tmp_path / "default").findings
     signals = {s["signal"]: s for s in finding.evidence["signals"]}
     # the score (verl's reward mean) fell below its early level by half its range at step 29
     # and stayed there; the grad norm went from ~0.8 to 11 at step 38 and stayed above 10 ×
@@ -99,7 +96,10 @@ def test_verl_run_that_blew_up_and_was_killed_later(tmp_path):
     assert set(signals) == {"reward collapse", "grad-norm explosion"}
     assert signals["reward collapse"]["onset_step"] == 29
     assert signals["grad-norm explosion"]["onset_step"] == 38
-    assert finding.gpu_hours == pytest.approx(8 * (end - hour[29] - 0.25), abs=0.01)
+    assert finding.gpu_hours == pytest.approx(4 * (end - hour[29] - 0.1 * end), abs=0.01)
+    # a 1-hour grace claims nothing: what the rule said before its grace scaled with the run
+    case["config"] = "[rules.STB001]\ngrace_fraction = 1\n"
+    assert run_case("STB001", case, tmp_path / "hour-grace").findings == []
 
 
 def test_trl_grpo_run_with_truncated_completions(tmp_path):

@@ -97,7 +97,7 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
         "run_hours": None,
     }
     assert by_rule["REG001"]["evidence"]["runs"][0]["name"] == "rl-llama-grpo"
-    assert dup["cost_basis"] == "Slurm allocation; estimated from params"
+    assert dup["cost_basis"] == "Slurm allocation; parallelism from params"
     assert by_rule["IDL003"]["waste"]["gpu_hours"] == pytest.approx(8 * 12, abs=0.7)
     assert by_rule["REG002"]["severity"] == "critical"  # registered as coder-edit-sft
     # STB: KL blows up at step 400 of 1200 (30 % of 10 h, the first logged step past it);

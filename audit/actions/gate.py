@@ -10,6 +10,10 @@ baseline: an explicit run, or the run tagged ``audit.baseline=true`` with the sa
 model. Red-line metrics (``[metrics] red_lines``) are compared too, each with its own
 tolerance (``[metrics] red_line_tolerances``, default 0) whatever ``--tolerance`` says: a
 red-line drop fails the gate even when the general metrics cannot be judged yet.
+Each metric is read in its own direction (``audit.facts.direction``): a loss that falls
+is an improvement, a loss that rises a regression. A metric whose direction nothing tells
+(the evaluation tool's record, ``[metrics] higher_is_better``/``lower_is_better``, its
+name) is refused, never guessed.
 Exit codes: 0 pass, 1 regressed beyond the tolerance or a red line dropped, 2 cannot judge
 (and why).
 """
@@ -24,6 +28,7 @@ from pathlib import Path
 
 from audit.config import Config, load_config
 from audit.errors import AuditError, InputError
+from audit.facts.direction import Direction, Directions
 from audit.recipes import red_line_tolerance
 from audit.warehouse import open_warehouse
 
@@ -52,9 +57,10 @@ class GateResult:
 
     @property
     def worst(self) -> dict:
-        """The failing row with the largest drop (a red line first), else the largest drop."""
+        """The failing row with the largest regression (a red line first), else the largest
+        regression (``gain`` is signed so that negative is worse, whatever the direction)."""
         failing = [r for r in self.rows if not r["ok"]]
-        return min(failing or self.rows, key=lambda r: (not r["red_line"], r["change"]))
+        return min(failing or self.rows, key=lambda r: (not r["red_line"], r["gain"]))
 
 
 def gate(
@@ -92,12 +98,24 @@ def gate(
         red_globs = list(config.values["metrics"]["red_lines"])
         red_current = _values(wh, run_id, red_globs) if red_globs else {}
         red_reference = _values(wh, baseline_id, red_globs) if red_globs else {}
+    directions = Directions(config)
+    red_shared = sorted(set(red_current) & set(red_reference))
+    _refuse_unknown_directions(red_shared, directions, "red-line")
     red_rows = [
-        _row(key, red_reference[key], red_current[key], red_line_tolerance(config, key), True)
-        for key in sorted(set(red_current) & set(red_reference))
+        _row(
+            key,
+            red_reference[key],
+            red_current[key],
+            red_line_tolerance(config, key),
+            True,
+            directions(key),
+        )
+        for key in red_shared
     ]
     try:
-        general_rows = _general_rows(run_id, baseline_id, globs, current, reference, tolerance)
+        general_rows = _general_rows(
+            run_id, baseline_id, globs, current, reference, tolerance, directions
+        )
     except CannotJudge:
         if any(not r["ok"] for r in red_rows):
             return GateResult(run_id, baseline_id, tolerance, red_rows)
@@ -105,7 +123,20 @@ def gate(
     return GateResult(run_id, baseline_id, tolerance, general_rows + red_rows)
 
 
-def _general_rows(run_id, baseline_id, globs, current, reference, tolerance) -> list[dict]:
+def _refuse_unknown_directions(metrics: list[str], directions: Directions, what: str) -> None:
+    unknown = [m for m in metrics if directions(m) is None]
+    if unknown:
+        raise CannotJudge(
+            f"the direction of {what} metric{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)} is unknown (is higher or lower better?): nothing in the "
+            "records or the name says; set [metrics] higher_is_better or lower_is_better "
+            "to a glob that matches it"
+        )
+
+
+def _general_rows(
+    run_id, baseline_id, globs, current, reference, tolerance, directions: Directions
+) -> list[dict]:
     if not current:
         raise CannotJudge(f"run {run_id} has logged no metric matching {', '.join(globs)} yet")
     if not reference:
@@ -116,18 +147,31 @@ def _general_rows(run_id, baseline_id, globs, current, reference, tolerance) -> 
             f"run {run_id} and baseline {baseline_id} share no general metric "
             f"(run: {', '.join(sorted(current))}; baseline: {', '.join(sorted(reference))})"
         )
-    return [_row(key, reference[key], current[key], tolerance, False) for key in shared]
+    _refuse_unknown_directions(shared, directions, "general")
+    return [
+        _row(key, reference[key], current[key], tolerance, False, directions(key)) for key in shared
+    ]
 
 
-def _row(metric: str, baseline: float, current: float, tolerance: float, red_line: bool) -> dict:
-    change = current - baseline
+def _row(
+    metric: str,
+    baseline: float,
+    current: float,
+    tolerance: float,
+    red_line: bool,
+    direction: Direction,
+) -> dict:
+    gain = direction.improvement(baseline, current)  # negative: worse, in either direction
     return {
         "metric": metric,
         "baseline": baseline,
         "current": current,
-        "change": change,
+        "change": current - baseline,
+        "better": direction.word,
+        "direction_source": direction.source,
+        "gain": gain,
         "allowed": -tolerance,
-        "ok": change >= -tolerance - 1e-12,
+        "ok": gain >= -tolerance - 1e-12,
         "red_line": red_line,
     }
 
@@ -187,6 +231,7 @@ def tag_verdict(
         "audit.gate.tolerance": f"{result.tolerance:g}",
         "audit.gate.worst_metric": worst["metric"],
         "audit.gate.worst_change": f"{worst['change']:+.4f}",
+        "audit.gate.worst_gain": f"{worst['gain']:+.4f}",
     }
     try:
         for key, value in tags.items():

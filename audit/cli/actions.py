@@ -54,7 +54,9 @@ def gate_command(
     """Fail when a run's general ability regressed past the tolerance or a red line dropped (exit 1).
 
     Red lines ([metrics] red_lines) fail on any drop beyond their own tolerance ([metrics]
-    red_line_tolerances, default 0), whatever --tolerance says. Exit 2 when it cannot tell.
+    red_line_tolerances, default 0), whatever --tolerance says. Each metric is read in its
+    own direction (a falling loss is a gain); a metric whose direction nothing tells is
+    refused. Exit 2 when it cannot tell.
 
     Meant for training loops: call it every N steps with --refresh and stop on exit 1.
 
@@ -81,19 +83,21 @@ def gate_command(
         raise SystemExit(2) from None
     click.echo(
         table(
-            ["metric", "baseline", "current", "change", "allowed", "verdict"],
+            ["metric", "better", "baseline", "current", "change", "gain", "allowed", "verdict"],
             [
                 [
                     r["metric"],
+                    r["better"],
                     f"{r['baseline']:.4f}",
                     f"{r['current']:.4f}",
                     f"{r['change']:+.4f}",
+                    f"{r['gain']:+.4f}",
                     f"{r['allowed']:+.4f}",
                     "ok" if r["ok"] else ("RED LINE" if r["red_line"] else "REGRESSED"),
                 ]
                 for r in result.rows
             ],
-            right={1, 2, 3, 4},
+            right={2, 3, 4, 5, 6},
         )
     )
     worst = result.worst
@@ -105,8 +109,8 @@ def gate_command(
     )
     click.echo(
         safe(
-            f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} against baseline "
-            f"{result.baseline_id} ({allowed})"
+            f"{verdict}: worst {worst['metric']} {worst['change']:+.4f} ({worst['better']} is "
+            f"better: gain {worst['gain']:+.4f}) against baseline {result.baseline_id} ({allowed})"
         )
     )
     if tag:

@@ -269,14 +269,24 @@ def ingest_wandb(app: AppContext, paths, skip_bad) -> None:
 @ingest.command("trainer-logs")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
 @skip_bad_runs_option
+@click.option(
+    "--trust-file-times",
+    is_flag=True,
+    help="Place runs in time by their files' modification times even when nothing "
+    "corroborates them (the folders were not copied).",
+)
 @pass_app
-def ingest_trainer_logs(app: AppContext, paths, skip_bad) -> None:
+def ingest_trainer_logs(app: AppContext, paths, skip_bad, trust_file_times) -> None:
     """Import runs logged to no tracker: HF Trainer, LLaMA-Factory and verl files.
 
     PATH is a training output folder or any folder above them, or a log file. One run per
     output folder, from the most complete trainer_state.json (its own or a checkpoint-N/
     one) or LLaMA-Factory's trainer_log.jsonl with training_args.yaml and *_results.json;
     one run per verl file-logger JSONL. training_args.bin is never unpickled.
+
+    The files hold durations but no clock: file modification times place a run only when
+    two of its files were written at different times (a copied folder has the copy's
+    times); otherwise its duration is kept and its points are placed by step.
 
     \b
     Example:
@@ -288,7 +298,12 @@ def ingest_trainer_logs(app: AppContext, paths, skip_bad) -> None:
     config = app.config
     with app.warehouse(create=True) as wh:
         summary = import_trainer_logs(
-            wh, _paths(paths), config, skip_bad, ProgressReporter("importing trainer logs")
+            wh,
+            _paths(paths),
+            config,
+            skip_bad,
+            ProgressReporter("importing trainer logs"),
+            trust_file_times,
         )
     _report_skipped(summary)
     click.echo(safe(summary.line()))

@@ -22,28 +22,46 @@ def status(app: AppContext) -> None:
     with app.warehouse(read_only=True) as wh:
         report = warehouse_status(wh)
     click.echo(safe(f"warehouse {app.db_path} (schema v{report['schema_version']})"))
-    if not report["sources"]:
-        click.echo("no sources imported yet; run `audit ingest mlflow --tracking-uri URI`")
+    if not report["sources"] and not report["file_sources"]:
+        click.echo(
+            "nothing imported yet; start with `audit ingest mlflow --tracking-uri URI`, "
+            "`audit ingest wandb PATH`, `audit ingest slurm FILE` or `audit ingest gpu FILE`"
+        )
         return
     click.echo("")
-    click.echo(
-        table(
-            ["source", "kind", "location", "experiments", "runs", "deleted", "last import"],
-            [
+    if report["sources"]:
+        click.echo(
+            table(
+                ["source", "kind", "location", "experiments", "runs", "deleted", "last import"],
                 [
-                    s["source_id"],
-                    s["kind"],
-                    s["location"],
-                    count(s["experiments"]),
-                    count(s["runs"]),
-                    count(s["deleted_runs"]),
-                    s["last_imported_at"],
-                ]
-                for s in report["sources"]
-            ],
-            right={3, 4, 5},
+                    [
+                        s["source_id"],
+                        s["kind"],
+                        s["location"],
+                        count(s["experiments"]),
+                        count(s["runs"]),
+                        count(s["deleted_runs"]),
+                        s["last_imported_at"],
+                    ]
+                    for s in report["sources"]
+                ],
+                right={3, 4, 5},
+            )
         )
-    )
+    else:
+        click.echo("no tracker source (no runs imported)")
+    if report["file_sources"]:
+        click.echo("")
+        click.echo(
+            table(
+                ["file source", "files", "rows imported", "last import"],
+                [
+                    [f["kind"], count(f["files"]), count(f["rows_written"]), f["last_imported_at"]]
+                    for f in report["file_sources"]
+                ],
+                right={1, 2},
+            )
+        )
     totals = report["totals"]
     click.echo("")
     click.echo(
@@ -54,8 +72,9 @@ def status(app: AppContext) -> None:
     )
     if report["first_run"]:
         click.echo(f"runs started between {report['first_run']} and {report['last_run']} (UTC)")
-    by_status = ", ".join(f"{k} {count(v)}" for k, v in report["runs_by_status"])
-    click.echo(safe(f"run status: {by_status}"))
+    if report["runs_by_status"]:
+        by_status = ", ".join(f"{k} {count(v)}" for k, v in report["runs_by_status"])
+        click.echo(safe(f"run status: {by_status}"))
     c = report["cluster"]
     click.echo("")
     click.echo(

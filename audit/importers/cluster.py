@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from audit.config import Config
+from audit.errors import InputError
 from audit.importers.checkpoints import scan_roots
 from audit.importers.files import (
     FileImportSummary,
@@ -134,11 +135,20 @@ class GpuSource(FileSource):
     workers = 2
 
     def __init__(self, config: Config, host, fields, skip_bad: bool, at: datetime | None):
-        self.options = dict(host=host, fields=fields, skip_bad=skip_bad, at=at)
+        self.host = host
+        self.options = dict(fields=fields, skip_bad=skip_bad, at=at)
         self.timezone = config.timezone
+        self.hosts: dict[Path, str] = {}  # a file's default host, when --host is not given
+
+    def units(self, paths: list[Path]) -> list[Path]:
+        if self.host is None:
+            self.hosts = default_hosts(paths)
+        return paths
 
     def parse(self, unit: Path) -> ParsedUnit:
-        parsed = read_telemetry(unit, self.timezone, **self.options)
+        parsed = read_telemetry(
+            unit, self.timezone, host=self.host or self.hosts.get(unit), **self.options
+        )
         # Repeated strings as codes: the cycle test below reads them, and finding each
         # row's series (audit.warehouse.samples) joins on them.
         samples = parsed.samples.with_columns(
@@ -153,9 +163,11 @@ class GpuSource(FileSource):
     def begin(self, con) -> None:
         self.before = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
         self.batch = SampleBatch(con, stored_spans(con))
+        self.touched: set[str] = set()
 
     def write(self, con, unit: Path, parsed: ParsedUnit) -> int:
         # Files are written in the order given, so where files overlap the first one wins.
+        self.touched.update(parsed.payload["host"].unique().cast(pl.String).to_list())
         self.batch.add(parsed.payload)
         return parsed.payload.height
 
@@ -164,6 +176,90 @@ class GpuSource(FileSource):
         summary.rows_written = (
             con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - self.before
         )
+        summary.warnings.extend(mixed_models(con, sorted(self.touched)))
+        summary.warnings.extend(
+            f"{samples:,} samples of host {host} were not imported: the same host, GPU and "
+            f"times are stored already from a {stored} and these are from a {incoming} (two "
+            "machines' telemetry under one host name?); re-import with --host NAME"
+            for host, stored, incoming, samples in self.batch.conflicts
+        )
+        renamed = {
+            host for path, host in self.hosts.items() if host != path.stem and host is not None
+        }
+        if renamed:
+            summary.notes.append(
+                "files with the same name in different folders are named after their folder: "
+                + ", ".join(
+                    f"{path} as host {host}"
+                    for path, host in sorted(self.hosts.items())
+                    if host in renamed
+                )
+            )
+
+
+def default_hosts(paths: list[Path]) -> dict[Path, str]:
+    """The host of each file when no --host is given: its name without the extension, or,
+    when files of one name come from several folders (five machines' ``gpu_usage.log``),
+    the folder it is in; an InputError when that cannot tell them apart either."""
+    by_stem: dict[str, list[Path]] = {}
+    for path in paths:
+        by_stem.setdefault(path.stem, []).append(path)
+    hosts = {}
+    for stem, group in sorted(by_stem.items()):
+        folders = {p.resolve().parent for p in group}
+        if len(folders) == 1:  # one file, or the same file given twice
+            hosts.update({p: stem for p in group})
+            continue
+        names = [p.resolve().parent.name for p in group]
+        if len(set(names)) < len(folders) or "" in names:
+            examples = ", ".join(str(p) for p in group[:3])
+            raise InputError(
+                f"{len(group)} telemetry files are named {group[0].name} ({examples}) and "
+                "their folders do not tell their hosts apart either: import each with "
+                "--host NAME (a GPU sample belongs to the machine that wrote it)"
+            )
+        hosts.update({p: p.resolve().parent.name for p in group})
+    return hosts
+
+
+def mixed_models(con, hosts: list[str]) -> list[str]:
+    """Warnings for hosts whose samples name different GPU models at overlapping times:
+    two machines' files imported under one host name (each model's samples span is
+    compared; one model replaced by another over time is an upgrade, not a mix)."""
+    rows = con.execute(
+        """
+        WITH spans AS (
+            SELECT host, model, min(ts) AS lo, max(ts) AS hi, count(*) AS n
+            FROM gpu_samples WHERE model IS NOT NULL AND list_contains(?, host) GROUP BY ALL
+        )
+        SELECT a.host, a.model, b.model
+        FROM spans a JOIN spans b ON a.host = b.host AND a.model < b.model
+             AND a.lo <= b.hi AND b.lo <= a.hi
+        ORDER BY a.host, a.model, b.model
+        """,
+        [hosts],
+    ).fetchall()
+    return [
+        f"host {host} has samples of {first} and of {second} at the same times: two machines' "
+        "telemetry imported under one host name? Re-import each file with --host NAME"
+        for host, first, second in rows
+    ]
+
+
+def other_models_at_same_keys(con, samples: pl.DataFrame) -> list[tuple]:
+    """Per host, incoming samples whose host, GPU and time are stored with another GPU model."""
+    if "model" not in samples.columns:
+        return []
+    return execute_on_frame(
+        con,
+        """
+        SELECT i.host, any_value(e.model), any_value(i.model), count(*)
+        FROM incoming_frame i JOIN gpu_samples e ON e.host = i.host AND e.gpu = i.gpu AND e.ts = i.ts
+        WHERE i.model IS NOT NULL AND e.model IS NOT NULL AND i.model <> e.model
+        GROUP BY i.host ORDER BY i.host
+        """,
+        samples.select(pl.col("host", "gpu", "model").cast(pl.String), "ts"),
+    ).fetchall()
 
 
 def import_gpu(
@@ -202,6 +298,9 @@ class SampleBatch:
         self.stored = stored
         self.queued: list[pl.DataFrame] = []
         self.queued_rows = 0
+        # (host, stored model, incoming model, samples) of samples kept out because their
+        # host, GPU and time were stored already, from a card of another model
+        self.conflicts: list[tuple] = []
 
     def add(self, samples: pl.DataFrame) -> None:
         if not samples.height:
@@ -217,6 +316,7 @@ class SampleBatch:
         if overlaps:
             # Re-importing a file, or one overlapping an earlier one, adds nothing twice.
             self.flush()
+            self.conflicts += other_models_at_same_keys(self.con, samples)
             self._insert(samples, only_new=True)
             return
         self.queued.append(samples)

@@ -5,15 +5,21 @@
   the longest ``log_history``). ``log_history`` -> metrics; ``max_steps``,
   ``num_train_epochs``, ``logging_steps``, ``save_steps``, ``eval_steps``,
   ``train_batch_size`` -> params; ``best_metric`` and ``best_model_checkpoint`` -> tags.
-  The files hold no clock times: the run ends at the state file's modification time and
-  starts ``train_runtime`` earlier when the last entry has it (else at the first saved
-  state's modification time); points carry steps only.
 - LLaMA-Factory ``trainer_log.jsonl`` (``current_steps``, ``total_steps``, ``loss``,
   ``lr``/``learning_rate``, ``elapsed_time``; newer ``throughput``, ``total_tokens``), with
   ``training_args.yaml`` -> params and ``*_results.json`` -> final values when present.
-  Point times are the file's modification time minus the remaining elapsed time.
 - verl's file logger JSONL (``{"step": N, "data": {...}}`` per line, ``elapsed_seconds``
   in newer versions): one run per file, named after it.
+
+Time. These files hold how long a run took (``train_runtime``, ``elapsed_time``,
+``elapsed_seconds``) but no clock: the only clock is the files' modification times, and a
+copied or downloaded folder has the copy's times. They are used only when corroborated:
+at least two of the run's files (its checkpoints' states, its log) were written at
+different times, later with the steps (≥ 60 s apart in all); then the log's end is its
+file's time, points are placed by their elapsed time (or by step between the checkpoints'
+times). Otherwise (one file, or all within seconds: a copy) the run has no start or end:
+its duration goes to ``audit.run_seconds``, its points keep their steps, and
+``audit.time_basis`` says why. ``--trust-file-times`` uses a lone file's time anyway.
 
 ``training_args.bin`` is never read (unpickling it would run code). Status: FINISHED when
 the last step reached the planned total (``max_steps``, ``total_steps``) or the trainer
@@ -25,7 +31,9 @@ inventory to the run.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -39,6 +47,7 @@ from audit.importers.params import flatten_config
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
 from audit.importers.store_files import read_found_file, read_found_text, require_found_file
 from audit.walk import walk
+from audit.warehouse.values import RUN_SECONDS_TAG, TIME_BASIS_TAG
 
 # trainer_state.json of a long run holds its whole log history: tens of MB
 MAX_FILE_BYTES = 256 << 20
@@ -55,6 +64,8 @@ STATE_PARAMS = (
 )
 _LF_NOT_METRICS = {"current_steps", "total_steps", "percentage", "elapsed_time", "remaining_time"}
 _ELAPSED = re.compile(r"^(?:(\d+) days?, )?(\d+):(\d\d):(\d\d)(?:\.\d+)?$")
+# files written this far apart are not one copy (cp, rsync, unzip write within seconds)
+CORROBORATING_SPREAD_MS = 60_000
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -152,6 +163,10 @@ class TrainerLogSource(RunFolderSource):
     noun = "runs"
     read_what = "log entries"
 
+    def __init__(self, trust_file_times: bool = False) -> None:
+        super().__init__()
+        self.trust_file_times = trust_file_times
+
     def units(self, paths: list[Path]) -> list[Path]:
         return find_runs(paths)
 
@@ -165,7 +180,8 @@ class TrainerLogSource(RunFolderSource):
             files += sorted(unit.glob(f"checkpoint-*/{STATE_FILE}"))
             # what is there, whatever it is: a link or a FIFO is refused when read, not skipped
             files = [p for p in files if os.path.lexists(p)]
-        signature = _signature(files)
+        # a run placed with --trust-file-times is another reading of the same files
+        signature = _signature(files) + (";trusted-times" if self.trust_file_times else "")
         run_id = unit.stem if unit.is_file() else unit.name
         if self.known_signature(unit.parent, run_id) == signature:
             run = ParsedRun(unit.parent, run_id, unit.parent.name, signature, unchanged=True)
@@ -188,13 +204,26 @@ class TrainerLogSource(RunFolderSource):
         states = [folder / STATE_FILE, *sorted(folder.glob(f"checkpoint-*/{STATE_FILE}"))]
         states = [s for s in states if os.path.lexists(s)]
         parsed_states = [(s, _trainer_state(s)) for s in states]
+        clock = _Clock(parsed_states, self.trust_file_times)
         if os.path.lexists(folder / LF_LOG):
             run.tags["audit.log_format"] = "llamafactory"
-            points, done, reason, span = _llamafactory_log(folder / LF_LOG)
+            points, done, reason, span, elapsed = _llamafactory_log(folder / LF_LOG)
             run.points = points
             run.records = points.height
-            run.end_ms = _mtime_ms(folder / LF_LOG)
-            run.start_ms = run.end_ms - span if span is not None else None
+            clock.add_file(folder / LF_LOG, int(points["step"].max() or 0) if points.height else 0)
+            end = clock.end_of(folder / LF_LOG)
+            if end is not None and span is not None:
+                run.end_ms, run.start_ms = end, end - span
+                run.points = run.points.with_columns(
+                    timestamp=pl.Series([end - span + ms if ms is not None else None
+                                         for ms in elapsed], dtype=pl.Int64)
+                )  # fmt: skip
+                run.tags[TIME_BASIS_TAG] = (
+                    f"trainer_log.jsonl's elapsed_time, ending at its modification time "
+                    f"({clock.why})"
+                )
+            else:
+                clock.unplaced(run, span, "trainer_log.jsonl's elapsed_time")
         else:
             run.tags["audit.log_format"] = "hf-trainer"
             done, reason = None, None
@@ -202,7 +231,7 @@ class TrainerLogSource(RunFolderSource):
             path, state = max(
                 parsed_states, key=lambda ps: (ps[1]["global_step"], len(ps[1]["log_history"]))
             )
-            self._from_state(run, path, state, parsed_states, use_history=run.points.is_empty())
+            self._from_state(run, path, state, clock, use_history=run.points.is_empty())
             if done is None:
                 done, reason = _state_finished(state)
         args = folder / "training_args.yaml"
@@ -227,7 +256,7 @@ class TrainerLogSource(RunFolderSource):
             run.tags["audit.status_reason"] = reason
         return run
 
-    def _from_state(self, run, path: Path, state: dict, all_states, use_history: bool) -> None:
+    def _from_state(self, run, path: Path, state: dict, clock, use_history: bool) -> None:
         for key in STATE_PARAMS:
             if state.get(key) is not None:
                 run.params[key] = str(state[key])
@@ -246,19 +275,33 @@ class TrainerLogSource(RunFolderSource):
             run.points = _points(rows)
             run.records = len(history)
         runtime = next(
-            (e["train_runtime"] for e in reversed(history) if _number(e.get("train_runtime"))),
+            (
+                float(e["train_runtime"])
+                for e in reversed(history)
+                if _positive_finite(e.get("train_runtime"))
+            ),
             None,
         )
-        if run.end_ms is None:
-            run.end_ms = _mtime_ms(path)
-            first_saved = min(_mtime_ms(p) for p, _ in all_states)
-            run.start_ms = (
-                run.end_ms - int(float(runtime) * 1000) if runtime is not None else first_saved
+        if TIME_BASIS_TAG in run.tags:
+            return  # the LLaMA-Factory log placed the run already
+        state_step = state["global_step"]
+        clock.add_file(path, state_step)
+        placed = clock.placement(state_step, runtime)
+        if placed is None:
+            clock.unplaced(
+                run,
+                int(runtime * 1000) if runtime is not None else None,
+                "the trainer state's train_runtime",
             )
-            run.tags["audit.time_basis"] = (
-                "end: trainer_state.json modified; start: end - train_runtime"
-                if runtime is not None
-                else "end: trainer_state.json modified; start: first state saved"
+            return
+        run.start_ms, run.end_ms, basis, time_of_step = placed
+        run.tags[TIME_BASIS_TAG] = basis
+        if time_of_step is not None and run.points.height:
+            run.points = run.points.with_columns(
+                timestamp=pl.Series(
+                    [time_of_step(step) for step in run.points["step"].to_list()],
+                    dtype=pl.Int64,
+                )
             )
 
     @staticmethod
@@ -306,26 +349,13 @@ class TrainerLogSource(RunFolderSource):
                             elapsed_of.append(elapsed)
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not UTF-8 text") from None
-        end = _mtime_ms(path)
         points = _points(rows)
-        if last_elapsed is not None:
-            start = end - int(last_elapsed * 1000)
-            points = points.with_columns(
-                timestamp=pl.Series(
-                    [start + int(e * 1000) if e is not None else None for e in elapsed_of],
-                    dtype=pl.Int64,
-                )
-            )
-        else:
-            start = None
-        return ParsedRun(
+        run = ParsedRun(
             source_dir=path.parent,
             run_id=run_id,
             experiment=path.parent.name,
             signature=signature,
             name=run_id,
-            start_ms=start,
-            end_ms=end,
             artifact_uri=str(path.parent),
             tags={
                 "audit.log_format": "verl",
@@ -334,6 +364,27 @@ class TrainerLogSource(RunFolderSource):
             points=points,
             records=entries,
         )
+        span = int(last_elapsed * 1000) if _positive_finite(last_elapsed) else None
+        clock = _Clock([], self.trust_file_times)
+        clock.add_file(path, 0)
+        end = clock.end_of(path)
+        if end is None or span is None:
+            clock.unplaced(run, span, "the log's elapsed_seconds")
+            return run
+        run.start_ms, run.end_ms = end - span, end
+        run.points = points.with_columns(
+            timestamp=pl.Series(
+                [
+                    end - span + int(e * 1000) if _positive_finite(e) or e == 0 else None
+                    for e in elapsed_of
+                ],
+                dtype=pl.Int64,
+            )
+        )
+        run.tags[TIME_BASIS_TAG] = (
+            f"the log's elapsed_seconds, ending at its modification time ({clock.why})"
+        )
+        return run
 
 
 def _trainer_state(path: Path) -> dict:
@@ -390,23 +441,22 @@ def _llamafactory_log(path: Path):
             raise InputError(f"{path}: not UTF-8 text") from None
     elapsed = [_elapsed_ms(e.get("elapsed_time")) for _, e in entries]
     span = max((e for e in elapsed if e is not None), default=None)
-    end = _mtime_ms(path)
-    rows = []
+    rows, row_elapsed = [], []
     for (_, entry), ms in zip(entries, elapsed, strict=True):
-        ts = end - span + ms if span is not None and ms is not None else None
         for key, value in entry.items():
             if key in _LF_NOT_METRICS:
                 continue
             number = _number(value)
             if number is not None:
-                rows.append((key, number, entry["current_steps"], ts))
+                rows.append((key, number, entry["current_steps"], None))
+                row_elapsed.append(ms)
     last = entries[-1][1] if entries else {}
     total = last.get("total_steps")
     done = isinstance(total, int) and last.get("current_steps", 0) >= total
     reason = (
         None if done else f"trainer_log.jsonl stops at step {last.get('current_steps')} of {total}"
     )
-    return _points(rows), done, reason, span
+    return _points(rows), done, reason, span, row_elapsed
 
 
 def _elapsed_ms(text) -> int | None:
@@ -417,7 +467,103 @@ def _elapsed_ms(text) -> int | None:
     return ((days * 24 + hours) * 3600 + minutes * 60 + seconds) * 1000
 
 
-def import_trainer_logs(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
+def _positive_finite(value) -> bool:
+    number = _number(value)
+    return number is not None and math.isfinite(number) and 0 < number < 1e9
+
+
+class _Clock:
+    """Whether a run's files' modification times can place it in time (module docstring),
+    and where they place it."""
+
+    def __init__(self, parsed_states: list, trust: bool):
+        self.trust = trust
+        # (step, modification time in ms) of each file that says how far the run had got
+        self.files: dict[Path, tuple[int, int]] = {}
+        for path, state in parsed_states:
+            self.add_file(path, state["global_step"])
+        self.why = ""
+
+    def add_file(self, path: Path, step: int) -> None:
+        self.files[path] = (step, _mtime_ms(path))
+
+    def corroborated(self) -> bool:
+        times = sorted(self.files.values())
+        if self.trust and times:
+            self.why = "file times trusted (--trust-file-times)"
+            return True
+        if len(times) < 2:
+            self.why = ""
+            return False
+        spread = max(t for _, t in times) - min(t for _, t in times)
+        in_order = all(a[1] <= b[1] for a, b in itertools.pairwise(times))
+        if spread >= CORROBORATING_SPREAD_MS and in_order:
+            self.why = f"{len(times)} files written over {spread / 60_000:.0f} min, in step order"
+            return True
+        return False
+
+    def end_of(self, path: Path) -> int | None:
+        """The modification time of ``path`` when the files can be trusted, else None."""
+        return self.files[path][1] if self.corroborated() else None
+
+    def placement(self, final_step: int, runtime_s: float | None):
+        """(start, end, basis, time of a step) of an HF Trainer run from its state files,
+        or None when their times cannot place it."""
+        if not self.corroborated():
+            return None
+        end = max(t for _, t in self.files.values())
+        by_step = sorted({step: t for step, t in self.files.values() if step > 0}.items())
+        rate = None
+        if len(by_step) >= 2 and by_step[-1][0] > by_step[0][0]:
+            (s0, t0), (s1, t1) = by_step[0], by_step[-1]
+            rate = (t1 - t0) / (s1 - s0)  # ms per step between the first and last save
+
+        def time_of_step(step):
+            if step is None or rate is None:
+                return None
+            return int(t1 + (step - s1) * rate) if step >= s1 else int(t0 + (step - s0) * rate)
+
+        if runtime_s is not None:
+            basis = f"end: the newest state's time; start: end − train_runtime ({self.why})"
+            return end - int(runtime_s * 1000), end, basis, time_of_step if rate else None
+        if rate is not None:
+            start = int(by_step[0][1] - by_step[0][0] * rate)
+            basis = (
+                "start and end extrapolated from the checkpoints' save times "
+                f"({rate / 1000:.2f} s per step; {self.why})"
+            )
+            return start, end, basis, time_of_step
+        return None
+
+    def unplaced(self, run, span_ms: int | None, what: str) -> None:
+        """The run keeps no start or end; its duration, when known, is recorded."""
+        times = [t for _, t in self.files.values()]
+        if len(times) >= 2:
+            reason = (
+                f"the {len(times)} files' modification times are within "
+                f"{(max(times) - min(times)) / 1000:.0f} s of each other (a copy)"
+            )
+        else:
+            reason = "one file: its modification time alone cannot tell the run's time"
+        if span_ms is not None and span_ms > 0:
+            run.tags[RUN_SECONDS_TAG] = f"{span_ms / 1000:.3f}"
+            duration = f"the duration from {what}"
+        else:
+            duration = "no duration recorded either"
+        run.tags[TIME_BASIS_TAG] = (
+            f"no clock time: {reason}; {duration}; points placed by step "
+            "(--trust-file-times to use the file times anyway)"
+        )
+
+
+def import_trainer_logs(
+    wh,
+    paths: list[Path],
+    config,
+    skip_bad: bool = False,
+    progress=None,
+    trust_file_times: bool = False,
+):
     from audit.importers.files import import_files
 
-    return import_files(wh, TrainerLogSource(), paths, config, skip_bad, progress)
+    return import_files(wh, TrainerLogSource(trust_file_times), paths, config, skip_bad, progress)

@@ -53,6 +53,7 @@ import polars as pl
 
 from audit import bounded_yaml
 from audit.errors import InputError
+from audit.importers.console import world_size
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
 from audit.importers.run_files import (
@@ -64,6 +65,7 @@ from audit.importers.run_files import (
 from audit.importers.run_store import latest_from_history
 from audit.importers.store_files import read_found_text, require_found_file
 from audit.walk import walk
+from audit.warehouse.values import WORLD_SIZE_TAG
 
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
 BLOCK = 32768
@@ -270,7 +272,9 @@ class RunState:
     args: list[str] = field(default_factory=list)
     gpus: dict = field(default_factory=dict)  # index -> {name, memory_mib, uuid}
     gpu_type: str = ""
-    gpu_count: int | None = None
+    gpu_count: int | None = None  # the machine's GPUs, not the run's
+    world_size: int | None = None  # as the run's console log states it
+    world_size_said: str = ""
     history_rows: int = 0
     records: int = 0
     latest: list = field(default_factory=list)  # [key, step, ts_ms, value] per history key
@@ -689,6 +693,16 @@ def _fold_metadata_file(folder: Path, state: RunState) -> None:
             }
 
 
+def _fold_console(folder: Path, state: RunState) -> None:
+    """The world size the run's console log (``files/output.log``) states, if any."""
+    log = folder / "files" / "output.log"
+    if not os.path.lexists(log) or os.path.islink(log) or os.path.islink(folder / "files"):
+        return
+    found = world_size(log)
+    if found is not None:
+        state.world_size, state.world_size_said = found
+
+
 def _read_json(path: Path):
     if not os.path.lexists(path):
         return None
@@ -812,7 +826,12 @@ def _tags(state: RunState, job_id: str | None, tail: str | None, from_files: boo
         "wandb.version": state.version,
         "host": state.host,
         "gpu_type": state.gpu_type,
-        "gpu_count": str(state.gpu_count) if state.gpu_count else "",
+        # W&B lists every GPU of the machine: its count is the host's, not the run's
+        "host.gpu_count": str(state.gpu_count) if state.gpu_count else "",
+        WORLD_SIZE_TAG: str(state.world_size) if state.world_size else "",
+        f"{WORLD_SIZE_TAG}.evidence": (
+            f"files/output.log: {state.world_size_said!r}" if state.world_size else ""
+        ),
         "slurm_job_id": job_id or "",
         "audit.log_tail": tail or "",
     }
@@ -942,6 +961,7 @@ class WandbSource(RunFolderSource):
         state.head_bytes = min(4096, end.resume_offset)
         state.head = _head_hash(log, state.head_bytes)
         _fold_metadata_file(folder, state)
+        _fold_console(folder, state)
         points = history.frame()
         previous = pl.DataFrame(
             state.latest,
@@ -1048,6 +1068,7 @@ class WandbSource(RunFolderSource):
             if isinstance(runtime, int | float):
                 state.runtime_s = float(runtime)
         _fold_metadata_file(folder, state)
+        _fold_console(folder, state)
         points = _history_file(files / "wandb-history.jsonl", state)
         state.latest = (
             latest_from_history(points.with_columns(run_id=pl.lit("")))
