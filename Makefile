@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 OUT := out
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test fuzz lint docs sample bench clean
+.PHONY: demo test fuzz lint docs sample bench accuracy clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ fuzz: $(VENV)/.installed-test
 		tests/test_fuzz_parsers.py tests/test_prune_property.py tests/test_prune_sequences.py \
 		tests/test_search_property.py tests/test_search_safety.py tests/test_mlflow_change_proof.py \
 		tests/test_gpu_samples_store.py
+
+# Precision and recall against the expert verdicts on ../shared/realdata (tests/accuracy/).
+accuracy: $(VENV)/.installed-test
+	$(BIN)/python -m tests.accuracy
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

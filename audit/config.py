@@ -7,6 +7,7 @@ type and default, and an unknown key is an error that lists the valid ones.
 from __future__ import annotations
 
 import copy
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -21,21 +22,6 @@ TEAM_SOURCES = ("tag", "account", "user")
 
 # section -> key -> (expected python type(s), default). A nested dict default means the
 # key holds a free-form table whose values are validated by their consumer.
-# On-demand prices in USD per GPU-hour, matched case-insensitively as a substring of the
-# job's GPU type or the card's model name (longest match wins). Anchors: public on-demand
-# list prices of large clouds and GPU clouds in 2025-2026, rounded; override with
-# [prices] gpu_hour_usd.
-DEFAULT_GPU_PRICES = {
-    "H200": 3.80,
-    "H100": 3.00,
-    "A100": 1.60,
-    "L40S": 1.00,
-    "A10G": 0.75,
-    "V100": 0.55,
-    "T4": 0.35,
-    "default": 2.00,
-}
-
 # Metric names of training-stability signals, exact keys as each framework logs them:
 # TRL GRPO/PPO (`kl`, `entropy`, `reward`, `completions/clipped_ratio`,
 # `clip_ratio/region_mean`; `objective/*`, `policy/*` for PPO), verl (`actor/*`,
@@ -110,7 +96,11 @@ STABILITY_METRICS = {
 
 SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "prices": {
-        "gpu_hour_usd": ((dict,), DEFAULT_GPU_PRICES),
+        # card name -> USD per GPU-hour, over the catalogue of audit/facts/prices.py
+        # (keys read like card names: "H100", "A100 80GB"); "default" for unknown cards
+        "gpu_hour_usd": ((dict,), {}),
+        # cluster -> {card name -> USD per GPU-hour}: a cluster's own prices first
+        "by_cluster": ((dict,), {}),
         "storage_gb_month_usd": ((int, float), 0.023),  # object storage list price per GB-month
     },
     "metrics": {
@@ -226,6 +216,70 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "cluster": {
         "timezone": ((str,), "UTC"),
     },
+    # What evaluations mean (audit/facts/evaluations.py)
+    "evaluations": {
+        # tasks that measure general ability (globs over lm-eval task names): the REG rules
+        # work on evaluations of these with no [metrics] globs
+        "general_tasks": (
+            (list,),
+            [
+                "mmlu*",
+                "hendrycksTest-*",
+                "arc*",
+                "hellaswag*",
+                "winogrande*",
+                "gsm8k*",
+                "ifeval*",
+                "truthfulqa*",
+                "bbh*",
+                "gpqa*",
+                "musr*",
+                "math*",
+                "minerva_math*",
+                "hendrycks_math*",
+                "piqa",
+                "boolq",
+                "openbookqa",
+                "commonsense_qa",
+                "social_iqa",
+                "siqa",
+                "lambada*",
+                "agieval*",
+                "drop",
+                "triviaqa",
+                "nq_open",
+                "humaneval*",
+                "mbpp*",
+                "leaderboard_*",
+                "bigbench*",
+                "race",
+                "sciq",
+                "logiqa*",
+                "copa",
+                "anli*",
+            ],
+        ),
+        # fine-tuned model -> the model it was tuned from, where names do not tell
+        "base_models": ((dict,), {}),
+        # params or tags of an evaluation run that name the training run it evaluated
+        "training_run_keys": (
+            (list,),
+            ["training_run_id", "train_run_id", "source_run_id", "audit.evaluates_run"],
+        ),
+    },
+    # Findings under these floors are summed per rule and team, not listed; severity follows
+    # the impact (audit/materiality.py says why each default is what it is).
+    "materiality": {
+        "min_gpu_hours": ((int, float), 1.0),
+        "min_run_hours": ((int, float), 0.5),
+        "min_gb": ((int, float), 1.0),
+        "medium_gpu_hours": ((int, float), 10.0),
+        "high_gpu_hours": ((int, float), 100.0),
+        "medium_gb": ((int, float), 100.0),
+        "high_gb": ((int, float), 1000.0),
+        # family (e.g. "DUP") -> {min_gpu_hours, min_run_hours, min_gb}
+        "families": ((dict,), {}),
+    },
     "links": {
         "job_tag_keys": ((list,), ["slurm_job_id", "slurm.job_id", "SLURM_JOB_ID"]),
         "time_slack_minutes": ((int, float), 5),
@@ -276,6 +330,17 @@ class Config:
     @property
     def timezone(self) -> ZoneInfo:
         return ZoneInfo(self.values["cluster"]["timezone"])
+
+
+def _check_prices(table: dict, where: str) -> None:
+    """A table of card name -> USD per GPU-hour: finite, from 0 to a million."""
+    for name, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(f"{where}.{name} must be a number (USD per GPU-hour), got {value!r}")
+        if not math.isfinite(value) or not 0 <= value <= 1e6:
+            raise InputError(
+                f"{where}.{name} must be a finite number from 0 to 1,000,000, got {value!r}"
+            )
 
 
 def defaults() -> dict[str, dict[str, Any]]:
@@ -430,16 +495,13 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
             if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                 raise InputError(f"config {path}: [{section}] {key} must be a list of strings")
             if key == "gpu_hour_usd":
-                bad = [
-                    k
-                    for k, v in value.items()
-                    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0
-                ]
-                if bad:
-                    raise InputError(
-                        f"config {path}: [prices] gpu_hour_usd.{bad[0]} must be a non-negative number"
-                    )
-                value = {**DEFAULT_GPU_PRICES, **value}
+                _check_prices(value, f"config {path.at(section, key)}: [prices] gpu_hour_usd")
+            elif key == "by_cluster":
+                for cluster, table in value.items():
+                    where = f"config {path.at(section, key)}: [prices] by_cluster.{cluster}"
+                    if not isinstance(table, dict):
+                        raise InputError(f"{where} must be a table of card = USD per GPU-hour")
+                    _check_prices(table, where)
             elif key == "red_line_tolerances":
                 bad = [
                     k

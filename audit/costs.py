@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from audit.config import Config
+from audit.facts.prices import Prices, card_of
 from audit.heap import long_lived
 from audit.warehouse.values import RUN_SECONDS_TAG, WORLD_SIZE_TAG
 from audit.windows import Window, started_in
@@ -71,18 +72,6 @@ RUNG_LABELS = {
 ALLOCATION_RUNGS = frozenset({"slurm", "devices", "world_size", "params", "default"})
 
 
-def gpu_price(config: Config, gpu_type: str | None) -> tuple[float, str]:
-    """USD per GPU-hour for a GPU type or model name, and the price key that matched.
-
-    Keys match case-insensitively as substrings of the type (longest wins); else ``default``.
-    """
-    prices = config.values["prices"]["gpu_hour_usd"]
-    text = (gpu_type or "").lower()
-    matches = [k for k in prices if k != "default" and k.lower() in text]
-    key = max(matches, key=len) if matches else "default"
-    return float(prices[key]), key
-
-
 def money(gpu_hours: float, price: float, price_key: str) -> str:
     return f"{gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({price_key}) = ${gpu_hours * price:,.2f}"
 
@@ -106,6 +95,11 @@ class Cost:
     source: str  # the evidence for the GPU count, e.g. "Slurm job 123", "param num_gpus"
     # the GPU ids the run recorded (rung devices), to pick its GPUs among a machine's
     devices: tuple[str, ...] | None = None
+
+    @property
+    def fallback_price(self) -> bool:
+        """Priced at ``[prices] default``: no price for the card (or the card unknown)."""
+        return self.price_key.startswith("default")
 
     @property
     def is_allocation(self) -> bool:
@@ -313,6 +307,22 @@ class Facts:
     def job(self, cluster: str, job_id: str) -> JobFacts | None:
         return self._jobs.get((cluster, job_id))
 
+    def jobs_by_id(self, job_id: str) -> list[JobFacts]:
+        """The jobs of every cluster with this id (a finding's subject names the id)."""
+        if not hasattr(self, "_by_job_id"):
+            self._by_job_id: dict[str, list[JobFacts]] = {}
+            for job in self.jobs:
+                self._by_job_id.setdefault(job.job_id, []).append(job)
+        return self._by_job_id.get(job_id, [])
+
+    def run_by_id(self, run_id: str) -> RunFacts | None:
+        """The first run with this id in any source (a finding's subject names the id)."""
+        if not hasattr(self, "_by_run_id"):
+            self._by_run_id: dict[str, RunFacts] = {}
+            for run in self.runs:
+                self._by_run_id.setdefault(run.run_id, run)
+        return self._by_run_id.get(run_id)
+
     @classmethod
     def load(cls, con, config: Config) -> Facts:
         attribution = config.values["attribution"]
@@ -327,7 +337,7 @@ class Facts:
         default_type = cost_settings["default_gpu_type"] or None
         pool = _TextPool()
         same = pool.same
-        price_of = _PriceMemo(config)
+        price_of = Prices(config)
         # the keys whose first set value is an attribute: each a column of the runs' query
         pivoted = sorted({*method_keys, *base_model_keys, *team_tag, *type_keys, RUN_SECONDS_TAG})
         column = {key: f"k{index}" for index, key in enumerate(pivoted)}
@@ -376,8 +386,8 @@ class Facts:
                 hosts = [same(host, host) for host in all_hosts or ()]
             allocated_type = same(allocated_type, allocated_type)
             host_model = _host_model(hosts, host_models)
-            gpu_type = allocated_type or host_model
-            price, price_key = price_of(gpu_type)
+            gpu_type = _named_card(allocated_type, host_model)
+            price = price_of(gpu_type, cluster)
             hours = elapsed / HOUR if elapsed is not None else hours_between(start_time, end_time)
             jobs.append(
                 JobFacts(
@@ -406,8 +416,8 @@ class Facts:
                         float(gpus or 0),
                         gpu_type,
                         hours,
-                        price,
-                        price_key,
+                        price.usd,
+                        price.key,
                         f"Slurm job {job_id}",
                     ),
                     *extras,  # JOB_EXTRA_COLUMNS, the last fields
@@ -523,8 +533,10 @@ class Facts:
                 jobs_by_key.get((cluster, job_id), no_job) if job_id else no_job
             )
             last_seen = end_time or last_metric
-            gpu_type = allocated_type or same(type_value, type_value) or default_type or host_model
-            price, price_key = price_of(gpu_type)
+            gpu_type = (_named_card(allocated_type, host_model) if allocated_type else None) or (
+                same(type_value, type_value) or default_type or host_model
+            )
+            price = price_of(gpu_type, cluster)
             recorded_hours = _recorded_hours(run_seconds)
             wall = hours_between(start_time, last_seen) or recorded_hours
             cost = _run_cost(
@@ -536,8 +548,8 @@ class Facts:
                 wall,
                 active_gpus,
                 gpu_type,
-                price,
-                price_key,
+                price.usd,
+                price.key,
             )
             user_id = same(user_id, user_id)
             team, team_source = team_of(
@@ -602,6 +614,7 @@ class Facts:
                     "method": job.method if job.run_ids else "none",
                     "gpu_hours": job.cost.gpu_hours,
                     "usd": job.cost.usd,
+                    "fallback_price": job.cost.fallback_price,
                     "run_hours": None,
                 }
             )
@@ -617,6 +630,7 @@ class Facts:
                     "method": run.method,
                     "gpu_hours": run.cost.gpu_hours,
                     "usd": run.cost.usd,
+                    "fallback_price": run.cost.fallback_price,
                     "run_hours": run.run_hours,
                 }
             )
@@ -744,18 +758,16 @@ def _first_set(keys: list[str], column: dict[str, str]) -> str:
     return f"coalesce({values}, NULL)"
 
 
-class _PriceMemo:
-    """``gpu_price`` once per GPU type: a scan prices 100,000s of runs over a few types."""
-
-    def __init__(self, config: Config):
-        self.config = config
-        self.known: dict[str | None, tuple[float, str]] = {}
-
-    def __call__(self, gpu_type: str | None) -> tuple[float, str]:
-        found = self.known.get(gpu_type)
-        if found is None:
-            found = self.known[gpu_type] = gpu_price(self.config, gpu_type)
-        return found
+def _named_card(allocated: str | None, host_model: str | None) -> str | None:
+    """The name a job's card is priced by: its hosts' model name when it is the allocation's
+    card, said more precisely (GRES ``a100`` on a host reporting ``NVIDIA A100-SXM4-40GB``
+    is a 40 GB card), else the allocation's type, else the hosts' model."""
+    if allocated is None or host_model is None:
+        return allocated or host_model
+    given, seen = card_of(allocated), card_of(host_model)
+    if given is not None and seen is not None and given.key.split()[0] == seen.key.split()[0]:
+        return host_model
+    return allocated
 
 
 def _host_model(hosts: list[str], host_models: dict[str, str]) -> str | None:

@@ -112,6 +112,8 @@ FINDING_COLUMNS = (
     "suppressed_reason",
     "run_hours",
     "cost_basis",
+    "risk_gpu_hours",
+    "material",
 )
 
 
@@ -143,7 +145,10 @@ class Finding:
 
     ``gpu_hours`` and ``usd`` are None when the cost is unknown (no GPU count anywhere);
     ``run_hours`` then says how long the runs ran. Zero means "no waste claimed" (risks,
-    storage findings have ``bytes`` instead).
+    storage findings have ``bytes`` instead). ``risk_gpu_hours`` is what a finding that
+    claims no waste put at risk (a run never evaluated, a first run without a pilot).
+    ``material`` is False for a finding under its family's materiality floor
+    (``audit.materiality``): summed with the others of its rule and team, not listed.
     """
 
     rule: str
@@ -163,6 +168,8 @@ class Finding:
     suppressed_reason: str | None = None
     run_hours: float | None = None
     cost_basis: str | None = None
+    risk_gpu_hours: float | None = None
+    material: bool = True
 
     @property
     def id(self) -> str:
@@ -176,6 +183,31 @@ class Finding:
     @property
     def cost_known(self) -> bool:
         return self.gpu_hours is not None
+
+    @property
+    def impact(self) -> tuple[float, str] | None:
+        """What the finding weighs, in the first unit it has: waste GPU-hours, run-hours of
+        unknown GPU count, storage GB, GPU-hours at risk; None when nothing is measured."""
+        if self.gpu_hours:
+            return self.gpu_hours, "GPU-h"
+        if self.gpu_hours is None and self.run_hours:
+            return self.run_hours, "run-h"
+        if self.bytes:
+            return self.bytes / 1e9, "GB"
+        if self.risk_gpu_hours:
+            return self.risk_gpu_hours, "GPU-h at risk"
+        if self.run_hours:
+            return self.run_hours, "run-h"
+        return None
+
+    @property
+    def impact_text(self) -> str:
+        impact = self.impact
+        if impact is None:
+            return "not measured"
+        amount, unit = impact
+        money = f", ${self.usd:,.2f}" if self.usd else ""
+        return f"{amount:,.2f} {unit}{money}"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -193,6 +225,11 @@ class Finding:
                 "run_hours": None if self.run_hours is None else round(self.run_hours, 6),
             },
             "cost_basis": self.cost_basis,
+            "impact": self.impact_text,
+            "risk_gpu_hours": None
+            if self.risk_gpu_hours is None
+            else round(self.risk_gpu_hours, 3),
+            "material": self.material,
             "recommendation": self.recommendation,
             "team": self.team,
             "method": self.method,
@@ -221,6 +258,8 @@ class Finding:
             self.suppressed_reason,
             self.run_hours,
             self.cost_basis,
+            self.risk_gpu_hours,
+            self.material,
         )
 
     @classmethod
@@ -243,6 +282,8 @@ class Finding:
             suppressed_reason=row["suppressed_reason"],
             run_hours=row["run_hours"],
             cost_basis=row["cost_basis"],
+            risk_gpu_hours=row["risk_gpu_hours"],
+            material=row["material"] is not False,  # scans stored before it: all listed
         )
 
 
@@ -271,6 +312,13 @@ class Rule:
     # its connection's own.
     alone: ClassVar[bool] = False
     recommendation: ClassVar[str] = ""
+    # Severity from the finding's impact (audit.materiality); False for rules whose
+    # severity is about a model that cannot ship (a red line, a registered regression)
+    severity_from_impact: ClassVar[bool] = True
+    # Which headline figure the waste belongs to (audit.summary): "spend" (part of the
+    # window's GPU spend: jobs and runs), "capacity" (GPUs paid for with no job: idle
+    # hosts) or "storage" (bytes and $ per month)
+    waste_scope: ClassVar[str] = "spend"
 
     def check(self, ctx: RuleContext) -> Iterable[Finding]:
         raise NotImplementedError
@@ -358,9 +406,15 @@ class RuleContext:
         return self.once(("usage",), lambda: UsageIndex(self.con, self.facts))
 
     def gpu_price(self, gpu_type: str | None) -> tuple[float, str]:
-        from audit.costs import gpu_price
+        price = self.prices(gpu_type)
+        return price.usd, price.key
 
-        return gpu_price(self.config, gpu_type)
+    @property
+    def prices(self):
+        """GPU prices by card (``audit.facts.prices``), built once per scan."""
+        from audit.facts.prices import Prices
+
+        return self.once(("prices",), lambda: Prices(self.config))
 
     @property
     def storage_price(self) -> float:

@@ -14,6 +14,7 @@ import polars as pl
 
 from audit import interrupts
 from audit.config import Config
+from audit.materiality import apply_materiality
 from audit.rule_api import FINDING_COLUMNS, Finding, Rule, RuleContext, Skip
 from audit.rule_registry import all_rules, effective_thresholds
 from audit.suppressions import Suppressions
@@ -67,6 +68,12 @@ class ScanResult:
     @property
     def active(self) -> list[Finding]:
         return [f for f in self.findings if not f.suppressed]
+
+    @property
+    def listed(self) -> list[Finding]:
+        """The active findings at or above their materiality floor (``audit.materiality``):
+        what tables and reports list one by one."""
+        return [f for f in self.findings if not f.suppressed and f.material]
 
 
 def run_rules(
@@ -195,6 +202,7 @@ def scan(
     started_at = datetime.now(UTC).replace(tzinfo=None)
     results = run_rules(wh.con, config, rules, window, shared, keep)
     apply_suppressions(wh.con, config, results)
+    apply_materiality(config, results, {rule.code: rule for rule in rules})
     with wh.transaction() as con:
         scan_id = con.execute("SELECT coalesce(max(scan_id), 0) + 1 FROM scans").fetchall()[0][0]
         con.execute(

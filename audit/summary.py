@@ -1,13 +1,23 @@
-"""Scan summaries: waste per family, cost and waste per team and training method."""
+"""Scan summaries: the headline figures, the actions, waste per family, team and method.
+
+The headline compares like with like (``headline``): the waste *in* the window's GPU spend
+(findings about jobs and runs) over that spend; the capacity paid for outside every job
+(idle hosts) as its own figure; storage apart (GB and $ per month, not GPU spend). Each
+figure carries its formula, recomputable from the findings' JSON.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 from audit.config import Config
-from audit.costs import shared_facts
-from audit.rule_registry import families
+from audit.costs import Facts, shared_facts
+from audit.materiality import summed_lines
+from audit.rule_api import Finding
+from audit.rule_registry import all_rules, families
 from audit.scans import ScanResult
+
+ACTIONS = 10  # the ranked actions a report leads with
 
 
 def summarise(result: ScanResult, con, config: Config, shared: dict | None = None) -> dict:
@@ -40,23 +50,32 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
     duplicates = [f for f in active if f.rule == "EVL001"]
     statuses = {r.rule: r.status for r in result.results}
     unpriced = [i for i in items if i["gpu_hours"] is None]
+    spend = {
+        "runs": sum(1 for i in items if i["has_run"]),
+        "jobs_without_run": sum(1 for i in items if not i["has_run"]),
+        "gpu_hours": round(sum(i["gpu_hours"] or 0 for i in items), 3),
+        "usd": round(sum(i["usd"] or 0 for i in items), 2),
+        "runs_without_cost": len(unpriced),
+        "run_hours_without_cost": round(sum(i["run_hours"] or 0 for i in unpriced), 3),
+        "gpu_hours_at_fallback_price": round(
+            sum(i["gpu_hours"] or 0 for i in items if i["fallback_price"]), 3
+        ),
+        "note": "GPU jobs and runs outside Slurm started in the window",
+    }
+    listed = [f for f in active if f.material]
     return {
         "findings": len(active),
+        "listed": len(listed),
+        "immaterial": [line.as_json() for line in summed_lines(active)],
+        "headline": headline(active, spend),
+        "actions": actions(listed, facts),
         "suppressed": sum(1 for f in result.findings if f.suppressed),
         "by_severity": {
             s: sum(1 for f in active if f.severity.label == s)
             for s in ("critical", "high", "medium", "low", "info")
         },
         "waste": _waste(active),
-        "spend": {
-            "runs": sum(1 for i in items if i["has_run"]),
-            "jobs_without_run": sum(1 for i in items if not i["has_run"]),
-            "gpu_hours": round(sum(i["gpu_hours"] or 0 for i in items), 3),
-            "usd": round(sum(i["usd"] or 0 for i in items), 2),
-            "runs_without_cost": len(unpriced),
-            "run_hours_without_cost": round(sum(i["run_hours"] or 0 for i in unpriced), 3),
-            "note": "GPU jobs and runs outside Slurm; idle hosts outside any job are waste on top of this",
-        },
+        "spend": spend,
         "evaluation": {
             "runs": len(evaluations),
             "gpu_hours": round(sum(i["gpu_hours"] or 0 for i in evaluations), 3),
@@ -77,6 +96,125 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
             "error": sum(1 for s in statuses.values() if s == "error"),
         },
     }
+
+
+def scope_of(finding: Finding) -> str:
+    """The headline figure a finding's waste belongs to (``Rule.waste_scope``)."""
+    rule = all_rules().get(finding.rule)
+    return getattr(rule, "waste_scope", "spend")
+
+
+def headline(findings: list[Finding], spend: dict) -> dict:
+    """The headline figures, each from one population, with its formula."""
+    by_scope: dict[str, list[Finding]] = defaultdict(list)
+    for f in findings:
+        by_scope[scope_of(f)].append(f)
+    inside, capacity, storage = by_scope["spend"], by_scope["capacity"], by_scope["storage"]
+    # sums of each finding's dollars as its JSON gives them (to the cent): a reader adding
+    # up the findings gets the headline exactly
+    wasted = round(sum(_cents(f.usd) for f in inside), 2)
+    wasted_hours = round(sum(f.gpu_hours or 0 for f in inside), 3)
+    spent = spend["usd"]
+    share = round(100 * wasted / spent, 1) if spent else None
+    unknown = [f for f in findings if f.gpu_hours is None]
+    population = (
+        f"{spend['jobs_without_run'] + spend['runs']} jobs and runs outside Slurm "
+        "started in the window"
+    )
+    idle_hours = round(sum(f.gpu_hours or 0 for f in capacity), 3)
+    idle_usd = round(sum(_cents(f.usd) for f in capacity), 2)
+    gb = sum(f.bytes for f in storage) / 1e9
+    monthly = round(sum(_cents(f.usd) for f in storage), 2)
+    return {
+        "spent": {
+            "usd": spent,
+            "gpu_hours": spend["gpu_hours"],
+            "formula": f"Σ GPUs × hours × price over the {population} = ${spent:,.2f}",
+        },
+        "wasted": {
+            "usd": wasted,
+            "gpu_hours": wasted_hours,
+            "findings": len(inside),
+            "share_pct": share,
+            "formula": (
+                f"Σ waste of the {len(inside)} findings about those jobs and runs = "
+                f"${wasted:,.2f}"
+                + (f"; ${wasted:,.2f} / ${spent:,.2f} spent = {share} %" if spent else "")
+            ),
+        },
+        "unallocated_capacity": {
+            "usd": idle_usd,
+            "gpu_hours": idle_hours,
+            "findings": len(capacity),
+            "formula": (
+                f"Σ idle GPU-hours of {len(capacity)} idle-host findings (GPUs at idle with no "
+                f"job) = {idle_hours:,.2f} GPU-h, ${idle_usd:,.2f}; paid for outside every "
+                "job, so not in the spend above"
+            ),
+        },
+        "storage": {
+            "gb": round(gb, 1),
+            "usd_per_month": monthly,
+            "findings": len(storage),
+            "formula": (
+                f"Σ reclaimable bytes of {len(storage)} checkpoint findings = {gb:,.1f} GB, "
+                f"${monthly:,.2f} per month; storage, not GPU spend"
+            ),
+        },
+        "unknown_cost": {
+            "findings": len(unknown),
+            "run_hours": round(sum(f.run_hours or 0 for f in unknown), 3),
+            "formula": "findings whose GPU count no source gives: counted apart, never as $0",
+        },
+    }
+
+
+def _cents(usd: float | None) -> float:
+    return round(usd, 2) if usd else 0.0
+
+
+def owner_of(finding: Finding, facts: Facts) -> dict:
+    """Who acts on a finding: its team, and the user of its run or job."""
+    user = None
+    subject = finding.subject
+    if subject.get("job_id"):
+        job = next(
+            (j for j in facts.jobs_by_id(str(subject["job_id"]))),
+            None,
+        )
+        user = job.user_name if job else None
+    if user is None and subject.get("run_id"):
+        run = facts.run_by_id(str(subject["run_id"]))
+        user = run.user_id if run else None
+    return {"team": finding.team, "user": user}
+
+
+def actions(findings: list[Finding], facts: Facts, count: int = ACTIONS) -> list[dict]:
+    """What to do first: the listed findings by dollars, then GPU-hours, then run-hours."""
+    ranked = sorted(
+        findings,
+        key=lambda f: (
+            -(f.usd or 0.0),
+            -(f.gpu_hours or 0.0),
+            -(f.run_hours or 0.0),
+            -(f.risk_gpu_hours or 0.0),
+            -int(f.severity),
+            f.rule,
+            f.id,
+        ),
+    )
+    return [
+        {
+            "id": f.id,
+            "rule": f.rule,
+            "severity": f.severity.label,
+            "owner": owner_of(f, facts),
+            "action": f.recommendation.splitlines()[0] if f.recommendation else "",
+            "impact": f.impact_text,
+            "finding": f.message,
+        }
+        for f in ranked[:count]
+    ]
 
 
 def _bucket() -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from audit.facts.evaluations import Evaluations
 from audit.recipes import Recipes, shared_recipes
 from audit.rule_api import RuleContext
 from audit.rule_registry import effective_thresholds, get_rule
@@ -10,6 +11,11 @@ from audit.rule_registry import effective_thresholds, get_rule
 def recipes(ctx: RuleContext) -> Recipes:
     """Recipes, baselines and benchmark values (``audit.recipes``), loaded once per scan."""
     return shared_recipes(ctx.con, ctx.config, ctx.facts, ctx.shared)
+
+
+def evaluations(ctx: RuleContext) -> Evaluations:
+    """Every evaluation and the links between models (``audit.facts.evaluations``), once."""
+    return ctx.once(("evaluations",), lambda: Evaluations(ctx.con, ctx.config, ctx.facts))
 
 
 def regressed_runs(ctx: RuleContext) -> dict[tuple, dict[str, float]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from audit.costs import money
+from audit.facts.prices import card_of, cheapest_fit
 from audit.rule_api import RuleContext, Skip
 from audit.usage import Allocation, Usage
 
@@ -38,3 +39,52 @@ def evidence(alloc: Allocation, use: Usage, **extra) -> dict:
     if alloc.user:
         out["user"] = alloc.user
     return out
+
+
+def cards_seen(ctx: RuleContext) -> frozenset[str]:
+    """The catalogue cards the warehouse has seen (jobs' GPU types, telemetry's models):
+    the smaller cards a job could have had on these clusters."""
+
+    def load() -> frozenset[str]:
+        names = [
+            name
+            for (name,) in ctx.con.execute(
+                "SELECT DISTINCT gpu_type FROM jobs WHERE gpu_type IS NOT NULL "
+                "UNION SELECT DISTINCT model FROM gpu_samples WHERE model IS NOT NULL"
+            ).fetchall()
+        ]
+        return frozenset(card.key for card in map(card_of, names) if card is not None)
+
+    return ctx.once(("cards seen",), load)
+
+
+def smaller_card(ctx: RuleContext, alloc: Allocation, use: Usage, util: float):
+    """(GPU-hours' worth, dollars, formula, fit) saved had each of the allocation's GPUs
+    been the cheapest card or card share that would have served it (``cheapest_fit``);
+    None when nothing cheaper fits or the memory peak is unknown."""
+    if use.peak_mem_mib is None:
+        return None
+    model = use.model or alloc.cost.gpu_type
+    current = card_of(model)
+    price = alloc.cost.price
+    fit = cheapest_fit(
+        ctx.prices,
+        current,
+        price,
+        use.peak_mem_mib,
+        util,
+        use.mem_total_mib or None,
+        cards_seen(ctx),
+    )
+    if fit is None or price <= 0:
+        return None
+    hours = alloc.hours
+    usd = alloc.gpus * hours * (price - fit.usd)
+    worth = usd / price  # the current card's GPU-hours that bought nothing
+    formula = (
+        f"{alloc.gpus} GPU{'s' if alloc.gpus != 1 else ''} × {hours:.2f} h × (${price:.2f} − "
+        f"${fit.usd:.3f} for {fit.label}) "
+        f"/GPU-h = ${usd:,.2f} ({worth:.2f} GPU-h of the {current.key if current else model}; "
+        f"{fit.why})"
+    )
+    return worth, usd, formula, fit

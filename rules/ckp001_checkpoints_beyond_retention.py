@@ -39,6 +39,7 @@ class CheckpointsBeyondRetention(Rule):
     name = "checkpoints-beyond-retention"
     severity = Severity.MEDIUM
     family_label = "redundant checkpoints"
+    waste_scope = "storage"
     reads_shared = frozenset({"checkpoint_rows", "facts"})
     needs = {"checkpoints": "no checkpoint folders imported"}
     thresholds = {
@@ -83,8 +84,9 @@ class CheckpointsBeyondRetention(Rule):
                 },
                 message=(
                     f"run {run['run_name']!r} keeps {len(checkpoints)} checkpoints; {len(reclaimable)} "
-                    f"({gb(total):,.1f} GB) are neither best, last, registered nor among {keep} milestones "
-                    f"(threshold {ctx.thresholds['min_reclaimable_gb']:g} GB)"
+                    f"({gb(total):,.1f} GB) are neither best, last nor registered"
+                    + (f" nor among {keep} milestones" if keep else "")
+                    + f" (threshold {ctx.thresholds['min_reclaimable_gb']:g} GB)"
                 ),
                 evidence={
                     "reclaimable": [

@@ -34,6 +34,7 @@ class CheckpointsOfDeletedRuns(Rule):
     name = "checkpoints-of-deleted-runs"
     severity = Severity.LOW
     family_label = "redundant checkpoints"
+    waste_scope = "storage"
     reads_shared = frozenset({"checkpoint_rows", "facts"})
     needs = {"checkpoints": "no checkpoint folders imported"}
     thresholds = {

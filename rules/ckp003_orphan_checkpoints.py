@@ -34,6 +34,7 @@ class OrphanCheckpoints(Rule):
     name = "orphan-checkpoints"
     severity = Severity.LOW
     family_label = "redundant checkpoints"
+    waste_scope = "storage"
     reads_shared = frozenset({"checkpoint_rows", "facts"})
     needs = {
         "checkpoints": "no checkpoint folders imported",

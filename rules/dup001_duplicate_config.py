@@ -25,7 +25,11 @@ class DuplicateConfig(Rule):
     (within `batch_gap_minutes` of the previous one's start or end), or children of one
     parent run, are one launch: repeated trials or folds of one script are not flagged
     against each other, but a later launch repeating the configuration is, as a whole.
-    One finding per configuration and window lists every run.
+    One finding per configuration and window lists every run; when the repeats of several
+    configurations all come from one source (one notebook, script or command of one user:
+    `mlflow.source.name`, the entry point) re-run in the window, that behaviour is one
+    finding listing the configurations it repeated (a notebook re-run 19 times that trains
+    21 models is one habit, not 21 findings).
 
     Why it is waste:
     The result already existed (or was being produced) and was searchable; the repeat bought
@@ -89,10 +93,20 @@ class DuplicateConfig(Rule):
             digest = hashlib.sha1("\x1f".join(signature).encode()).hexdigest()[:12]
             found.append((digest, launches, in_window, original))
         spelled = _spelled_differently(ctx, [(f[2][0], f[3]) for f in found])
+        by_source: dict[tuple, list[int]] = {}
+        for number, (_digest, _launches, repeats, _original) in enumerate(found):
+            sources = {(r.entry_point, r.user_id) for r in repeats}
+            if len(sources) == 1 and next(iter(sources))[0]:
+                by_source.setdefault(next(iter(sources)), []).append(number)
+        merged = {n for numbers in by_source.values() if len(numbers) > 1 for n in numbers}
         for number, (digest, launches, repeats, original) in enumerate(found):
-            yield self._finding(
-                ctx, digest, launches, repeats, original, volatile, spelled.get(number, [])
-            )
+            if number not in merged:
+                yield self._finding(
+                    ctx, digest, launches, repeats, original, volatile, spelled.get(number, [])
+                )
+        for (entry_point, user), numbers in sorted(by_source.items(), key=lambda kv: kv[1][0]):
+            if len(numbers) > 1:
+                yield self._source_finding(ctx, entry_point, user, [found[n] for n in numbers])
 
     def _finding(
         self,
@@ -174,6 +188,63 @@ class DuplicateConfig(Rule):
             ),
             team=first.team,
             method=first.method,
+            happened_at=first.start_time,
+        )
+
+    def _source_finding(
+        self, ctx: RuleContext, entry_point: str, user: str | None, items: list[tuple]
+    ) -> Finding:
+        """One finding for the repeats of several configurations by one source."""
+        repeats = sorted((r for item in items for r in item[2]), key=_order)
+        every = sorted(
+            {r.key: r for item in items for launch in item[1] for r in launch}.values(),
+            key=_order,
+        )
+        known = [r for r in repeats if r.cost.gpu_hours is not None]
+        unknown = [r for r in repeats if r.cost.gpu_hours is None]
+        gpu_hours = sum(r.cost.gpu_hours for r in known) if known else None
+        usd = sum(r.cost.usd for r in known) if known else None
+        run_hours = sum(r.run_hours or 0.0 for r in unknown) if unknown else None
+        launches = max(len(item[1]) for item in items)
+        configs = [
+            {
+                "config": digest,
+                "original": {"run_id": original.run_id, "name": original.name},
+                "repeats": len(item_repeats),
+                "launches": len(item_launches),
+            }
+            for digest, item_launches, item_repeats, original in items
+        ]
+        names = sorted({item[3].name or item[3].run_id for item in items})
+        shown = ", ".join(repr(n) for n in names[:5]) + (
+            f" and {len(names) - 5} more" if len(names) > 5 else ""
+        )
+        first = repeats[0]
+        return self.finding(
+            subject={"entry_point": entry_point, "user": user},
+            message=(
+                f"{entry_point!r}{f' of user {user!r}' if user else ''} was re-run in up to "
+                f"{launches} launches between {every[0].start_time:%Y-%m-%d %H:%M} and "
+                f"{every[-1].start_time:%Y-%m-%d %H:%M}, repeating {len(items)} configurations "
+                f"it had trained before ({shown}): {len(repeats)} repeat runs; "
+                f"{_cost_text(gpu_hours, run_hours, len(unknown))}, "
+                f"threshold {ctx.thresholds['min_gpu_hours']:g} GPU-h"
+            ),
+            evidence={
+                "entry_point": entry_point,
+                "user": user,
+                "configurations": configs,
+                "repeat_runs": [
+                    {"run_id": r.run_id, "name": r.name, "start": r.start_time} for r in repeats
+                ],
+                "formula": _formula(known, unknown, gpu_hours, usd, run_hours),
+            },
+            gpu_hours=gpu_hours,
+            usd=usd,
+            run_hours=run_hours,
+            cost_basis="; ".join(sorted({r.cost.rung_label for r in repeats})),
+            team=first.team,
+            method=first.method if len({r.method for r in repeats}) == 1 else None,
             happened_at=first.start_time,
         )
 

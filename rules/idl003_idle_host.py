@@ -52,6 +52,7 @@ class IdleHost(Rule):
     name = "idle-host"
     severity = Severity.HIGH
     family_label = "idle capacity"
+    waste_scope = "capacity"  # GPUs paid for outside every job: not part of any job's spend
     needs = {"gpu_samples": "no GPU telemetry imported"}
     alone = True
     thresholds = {

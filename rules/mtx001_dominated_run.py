@@ -42,6 +42,7 @@ class DominatedRun(Rule):
 
     code = "MTX001"
     name = "dominated-run"
+    severity_from_impact = False  # a hint: a cheaper recipe did as well, no waste claimed
     severity = Severity.INFO
     family_label = "method matrix"
     reads_shared = frozenset({"facts", "recipes"})
@@ -97,6 +98,7 @@ class DominatedRun(Rule):
                             f"{item.outcome.general_change:+.4f}; no waste is claimed"
                         ),
                     },
+                    risk_gpu_hours=saved,
                     team=run.team,
                     method=run.method,
                     happened_at=run.start_time,

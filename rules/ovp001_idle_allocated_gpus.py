@@ -105,6 +105,11 @@ class IdleAllocatedGpus(Rule):
                 ),
                 gpu_hours=gpu_hours,
                 usd=usd,
+                # never fewer GPUs than it used: the busy ones are what it needs
+                recommendation=(
+                    f"Request {len(busy)} GPU{'s' if len(busy) > 1 else ''} (the {'ones' if len(busy) > 1 else 'one'} it used) "
+                    f"instead of {alloc.gpus}, or make the training script use all {alloc.gpus}."
+                ),
                 cost_basis=alloc.cost.basis,
                 team=alloc.team,
                 method=alloc.method,

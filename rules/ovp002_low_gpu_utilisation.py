@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.usage import Unjudged
 
-from ._usage import evidence, judged, priced
+from ._usage import evidence, judged, smaller_card
 
 
 class LowGpuUtilisation(Rule):
@@ -19,8 +19,14 @@ class LowGpuUtilisation(Rule):
 
     Why it is waste:
     The allocation was paid in full while most of its compute sat unused, typically
-    behind a data-loading or CPU bottleneck. Waste = GPU-hours × the unused share
-    (1 − mean utilisation); from a sacct maximum, 1 − maximum, a lower bound.
+    behind a data-loading or CPU bottleneck. The saving is priced as what it is: the
+    difference to the cheapest card, or share of the same card (MIG, MPS, time-slicing),
+    that would have served each GPU by its memory peak (with 20 % headroom) and its
+    utilisation scaled to that card's throughput (at most 80 %):
+    Waste = GPUs × hours × (price − the cheaper option's price); the figure in GPU-hours is
+    that amount in the job's own card's hours. From a sacct maximum the utilisation is an
+    upper bound, so the saving is a lower bound. When nothing cheaper would have served
+    it, the finding is a hint without a figure.
 
     Known false positives:
     Memory-bound workloads (long-context inference, large-batch evaluation) and jobs
@@ -42,7 +48,7 @@ class LowGpuUtilisation(Rule):
     name = "low-gpu-utilisation"
     severity = Severity.MEDIUM
     family_label = "over-provisioning"
-    reads_shared = frozenset({"facts", "usage"})
+    reads_shared = frozenset({"facts", "usage", "prices", "cards seen"})
     thresholds = {
         "max_mean_util_pct": Threshold(
             25.0, "flag jobs at or below this mean utilisation (JDS: 25 %)", 0, 100, "%"
@@ -66,7 +72,6 @@ class LowGpuUtilisation(Rule):
                 if len(use.busy(idle)) < len(use.per_gpu) or use.mean_util > limit:
                     continue
                 util, how = use.mean_util, f"averaged {use.mean_util:.1f} %"
-                share = f"(1 − {util:.1f} % mean)"
             else:
                 if use.util_ceiling <= idle:
                     continue  # never above idle: an abandoned allocation (IDL002)
@@ -82,23 +87,31 @@ class LowGpuUtilisation(Rule):
                     )
                     continue
                 util, how = use.util_ceiling, f"never exceeded {use.util_ceiling:.1f} %"
-                share = f"(1 − {util:.1f} % maximum: a lower bound)"
-            gpu_hours = alloc.gpus * hours * (1 - util / 100)
-            usd, money = priced(alloc, gpu_hours)
+            saving = smaller_card(ctx, alloc, use, util)
+            if saving is None:
+                gpu_hours, usd, severity = 0.0, 0.0, Severity.INFO
+                formula = (
+                    "no cheaper card or share of this card would have held its memory peak "
+                    "at a utilisation under 80 %: find the bottleneck; no waste is claimed"
+                    if use.peak_mem_mib is not None
+                    else "no GPU memory figure: the cheaper card cannot be told; no waste claimed"
+                )
+                instead = ""
+            else:
+                gpu_hours, usd, formula, fit = saving
+                severity = self.severity
+                instead = f"; {fit.label} would have served it"
             yield self.finding(
                 subject=alloc.subject,
                 message=(
                     f"{alloc.label} {how} GPU utilisation over {hours:.1f} h on "
                     f"{alloc.gpus} GPU{'s' if alloc.gpus != 1 else ''} "
-                    f"(threshold {limit:g} %)"
+                    f"(threshold {limit:g} %){instead}"
                 ),
-                evidence=evidence(
-                    alloc,
-                    use,
-                    formula=f"{alloc.gpus} GPUs × {hours:.2f} h × {share} = {money}",
-                ),
+                evidence=evidence(alloc, use, formula=formula),
                 gpu_hours=gpu_hours,
                 usd=usd,
+                severity=severity,
                 cost_basis=alloc.cost.basis,
                 team=alloc.team,
                 method=alloc.method,

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_registry import effective_thresholds, get_rule
 
-from ._usage import evidence, judged
+from ._usage import evidence, judged, smaller_card
 
 MIB_PER_GB = 1e9 / 2**20
 
@@ -19,8 +20,11 @@ class GpuTooLarge(Rule):
 
     Why it is waste:
     An 80 GB H100 costs several times a 24 GB card; a job that needs neither its memory
-    nor its compute pays for capacity it cannot use. This is a hint (severity info): the
-    saving depends on which smaller GPU the cluster offers, so no waste figure is claimed.
+    nor its compute pays for capacity it cannot use. A job whose GPUs were all busy at a
+    low utilisation is OVP002's, which prices the cheapest card or share that would have
+    served it; this rule names the memory of the other jobs (some GPU idle, which OVP001
+    prices) as a hint, with the cheaper option when one fits, and claims nothing (no GPU's
+    hours are claimed twice).
 
     Known false positives:
     Jobs that need the faster interconnect or the newer instruction set, and short
@@ -41,7 +45,7 @@ class GpuTooLarge(Rule):
     name = "gpu-too-large"
     severity = Severity.INFO
     family_label = "over-provisioning"
-    reads_shared = frozenset({"facts", "usage"})
+    reads_shared = frozenset({"facts", "usage", "prices", "cards seen"})
     thresholds = {
         "max_memory_pct": Threshold(
             25.0, "peak memory below this share of capacity (when known)", 0, 100, "%"
@@ -63,8 +67,11 @@ class GpuTooLarge(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
+        low = effective_thresholds(get_rule("OVP002"), ctx.config)
         for alloc, use in judged(ctx, t["min_job_minutes"]):
             util = use.mean_util if use.mean_util is not None else use.util_ceiling
+            if _low_utilisation(alloc, use, util, low):
+                continue  # OVP002 prices the same smaller card
             peak, capacity = use.peak_mem_mib, use.mem_total_mib
             if peak is None:
                 ctx.note(f"{alloc.label}: the {use.label} record no GPU memory figure")
@@ -87,11 +94,17 @@ class GpuTooLarge(Rule):
                     f"(threshold {t['max_memory_gb']:g} GB; capacity unknown)"
                 )
             kind = "mean" if use.mean_util is not None else "maximum"
+            saving = smaller_card(ctx, alloc, use, util)
+            formula, instead = "hint only: no cheaper card would have served it", ""
+            if saving is not None:
+                _worth, _usd, text, fit = saving
+                formula = f"hint only, not claimed (OVP001 prices the idle GPUs): {text}"
+                instead = f"; {fit.label} would have served it"
             yield self.finding(
                 subject=alloc.subject,
                 message=(
                     f"{alloc.label} {memory} at {util:.0f} % {kind} utilisation "
-                    f"(threshold {t['max_mean_util_pct']:g} %)"
+                    f"(threshold {t['max_mean_util_pct']:g} %){instead}"
                 ),
                 evidence=evidence(
                     alloc,
@@ -99,9 +112,18 @@ class GpuTooLarge(Rule):
                     peak_memory_mib=round(peak, 1),
                     capacity_mib=capacity,
                     model=use.model or alloc.cost.gpu_type,
-                    formula="hint only: no waste figure is claimed",
+                    formula=formula,
                 ),
                 team=alloc.team,
                 method=alloc.method,
                 happened_at=alloc.start,
             )
+
+
+def _low_utilisation(alloc, use, util: float, low: dict) -> bool:
+    """Whether OVP002 flags (and prices) this allocation: every GPU busy, low utilisation."""
+    if util > low["max_mean_util_pct"]:
+        return False
+    if use.per_gpu is not None:
+        return len(use.busy(low["idle_util_pct"])) == len(use.per_gpu)
+    return use.util_ceiling > low["idle_util_pct"]

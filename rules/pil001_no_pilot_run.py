@@ -14,10 +14,14 @@ class NoPilotRun(Rule):
     What it detects:
     Training runs of at least `large_gpus` GPUs or `large_gpu_hours` GPU-hours whose
     configuration family (`[attribution] family_keys`, default method, base model and
-    dataset) had no earlier, smaller run: no pilot. When the large run then failed, was
-    killed, showed a training instability (STB001) or regressed (REG002), the finding
-    claims its cost minus what a pilot would have cost (`pilot_gpus` GPUs for
-    `pilot_hours`). Otherwise it is a hint that names the GPU-hours that were at risk.
+    dataset) had no earlier, smaller run: no pilot. A pilot of `pilot_gpus` GPUs for
+    `pilot_hours` shows only what goes wrong within its first `pilot_hours`: when the large
+    run crashed, was killed or ran out of memory within that time from its start, or its
+    training went unstable (STB001's onset) or regressed (REG002's crossing) that early,
+    the finding claims the run's cost minus the pilot's: what a pilot would have saved.
+    A failure that came later (a crash after 34 hours) is one a pilot would not plausibly
+    have shown: the finding is a hint that names the GPU-hours at risk, and so is a first
+    large run that went well.
 
     Why it is waste:
     A configuration error, a diverging learning rate or a missing dataset field shows up
@@ -110,9 +114,10 @@ class NoPilotRun(Rule):
                 for other in families[tuple(sorted(family.items()))]
             ):
                 continue  # a smaller earlier run of the recipe was its pilot
-            outcome = _outcome(run, unstable, regressed)
+            horizon = ctx.thresholds["pilot_hours"]
+            outcome, early = _outcome(run, unstable, regressed, horizon)
             pilot_gpus = min(ctx.thresholds["pilot_gpus"], cost.gpus)
-            pilot_hours = min(ctx.thresholds["pilot_hours"], cost.hours)
+            pilot_hours = min(horizon, cost.hours)
             pilot = pilot_gpus * pilot_hours
             size = f"{cost.gpus:g} GPUs × {cost.hours:.2f} h = {cost.gpu_hours:.1f} GPU-h"
             large = f"large: ≥ {large_gpus:g} GPUs or ≥ {large_hours:g} GPU-h"
@@ -123,19 +128,32 @@ class NoPilotRun(Rule):
                 "large_when": large,
                 "earlier_runs_of_family": 0,
                 "outcome": outcome,
+                "pilot_horizon_hours": horizon,
                 "cost_basis": cost.basis,
             }
-            if outcome is None:
+            if not early:
                 evidence["gpu_hours_at_risk"] = round(cost.gpu_hours, 3)
-                evidence["formula"] = "hint only: the run went well, no waste is claimed"
+                if outcome is None:
+                    evidence["formula"] = "hint only: the run went well, no waste is claimed"
+                    went = f"{cost.gpu_hours:.1f} GPU-h were at risk without a pilot"
+                else:
+                    evidence["formula"] = (
+                        f"hint only: it {outcome}, later than a {horizon:g}-h pilot would have "
+                        "run, so a pilot would not plausibly have shown it; no waste is claimed"
+                    )
+                    went = (
+                        f"it {outcome}, too late for a {horizon:g}-h pilot to have shown; "
+                        f"{cost.gpu_hours:.1f} GPU-h were at risk"
+                    )
                 yield self.finding(
                     subject={"run_id": run.run_id, "run_name": run.name},
                     message=(
                         f"run {run.name!r} ({size}, {large}) was the first run of its recipe "
-                        f"({recipe}): {cost.gpu_hours:.1f} GPU-h were at risk without a pilot"
+                        f"({recipe}): {went}"
                     ),
                     evidence=evidence,
                     severity=Severity.INFO,
+                    risk_gpu_hours=cost.gpu_hours,
                     team=run.team,
                     method=run.method,
                     happened_at=run.start_time,
@@ -144,6 +162,7 @@ class NoPilotRun(Rule):
             waste = max(cost.gpu_hours - pilot, 0.0)
             evidence["pilot"] = f"{pilot_gpus:g} GPUs × {pilot_hours:.2f} h = {pilot:.1f} GPU-h"
             evidence["formula"] = (
+                f"it {outcome}, within a {horizon:g}-h pilot's horizon: "
                 f"{cost.gpu_hours:.2f} GPU-h of the run − {pilot:.2f} GPU-h of a pilot = "
                 f"{cost.formula(waste)}"
             )
@@ -151,7 +170,8 @@ class NoPilotRun(Rule):
                 subject={"run_id": run.run_id, "run_name": run.name},
                 message=(
                     f"run {run.name!r} ({size}, {large}) was the first run of its recipe "
-                    f"({recipe}) and {outcome}: no smaller run had tried it"
+                    f"({recipe}) and {outcome}, which a {horizon:g}-h pilot would have shown: "
+                    "no smaller run had tried it"
                 ),
                 evidence=evidence,
                 gpu_hours=waste,
@@ -163,19 +183,36 @@ class NoPilotRun(Rule):
             )
 
 
-def _outcome(run, unstable: dict, regressed: dict) -> str | None:
-    """How the large run went wrong, or None when it did not."""
-    if run.status in ("FAILED", "KILLED"):
-        return f"ended {run.status}"
-    if run.job_state in BAD_JOB_STATES:
-        return f"its Slurm job ended {run.job_state}"
+def _outcome(run, unstable: dict, regressed: dict, horizon: float) -> tuple[str | None, bool]:
+    """How the large run went wrong (None when it did not), and whether it went wrong
+    within ``horizon`` hours of its start: early enough for a pilot to have shown it."""
+    hours = run.run_hours
+
+    def early_at(moment) -> bool:
+        if moment is None or run.start_time is None:
+            return False
+        return (moment - run.start_time).total_seconds() / 3600 <= horizon
+
     if run.key in unstable:
         signal = unstable[run.key][0]
-        return f"went unstable ({signal.kind} in {signal.metric} at step {signal.onset_step})"
+        onset = signal.onset_time
+        when = f" {(onset - run.start_time).total_seconds() / 3600:.1f} h in" if onset else ""
+        return (
+            f"went unstable ({signal.kind} in {signal.metric} at step {signal.onset_step}{when})",
+            early_at(onset),
+        )
+    if run.status in ("FAILED", "KILLED") or run.job_state in BAD_JOB_STATES:
+        state = (
+            f"its Slurm job ended {run.job_state}"
+            if run.job_state in BAD_JOB_STATES
+            else f"ended {run.status}"
+        )
+        after = f" after {hours:.1f} h" if hours is not None else ""
+        return f"{state}{after}", hours is not None and hours <= horizon
     if run.key in regressed:
         worst = min(regressed[run.key].items(), key=lambda kv: kv[1])
-        return f"regressed ({worst[0]} {worst[1]:+.3f} against its baseline)"
-    return None
+        return f"regressed ({worst[0]} {worst[1]:+.3f} against its baseline)", False
+    return None, False
 
 
 def _families(ctx: RuleContext, found) -> dict[tuple, list]:

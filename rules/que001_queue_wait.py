@@ -125,6 +125,7 @@ class QueueWait(Rule):
                         "waited; management cost, not added to waste"
                     ),
                 },
+                risk_gpu_hours=waited,
                 team=team,
                 happened_at=min(w.job.start_time for w in mine),
             )

@@ -64,6 +64,7 @@ class RedLineDrop(Rule):
 
     code = "RED001"
     name = "red-line-drop"
+    severity_from_impact = False  # a model that cannot ship, whatever the hours
     severity = Severity.CRITICAL
     family_label = "red-line metrics"
     reads_shared = frozenset({"RED001 unheld", "facts", "recipes"})

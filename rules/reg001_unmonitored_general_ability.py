@@ -1,46 +1,46 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.windows import iso_week
 
-from ._metrics import (
-    TRAINING_METHODS_EXCLUDED,
-    general_values,
-    lookalike_metrics,
-    runs_with_learning_rate,
-)
+from ._metrics import TRAINING_METHODS_EXCLUDED, lookalike_metrics
+from ._shared import evaluations
 
 
 class UnmonitoredGeneralAbility(Rule):
-    """Training runs logged no general-capability benchmark at all.
+    """A training run's model was never evaluated on a general-ability task, by any link.
 
     What it detects:
-    Finished training runs (method not eval, at least `min_run_minutes` long, not
-    deleted) with no metric matching `[metrics] general` (default `eval/general/*`), one
-    finding per experiment and ISO week listing the runs. When no run in the warehouse
-    has a metric matching those globs, the configuration does not fit the data: the rule
-    says so once (skipped, naming the metric names that look like general benchmarks)
-    instead of flagging every run.
+    Finished training runs (a training method, a learning-rate param or a training
+    series; at least `min_run_minutes` long; not deleted) whose model no evaluation of a
+    general-ability task reaches: not one logged inside the run (`[metrics] general`, or
+    an eval series named after a general task), nor one recorded elsewhere (an
+    lm-evaluation-harness results file, an evaluation run in a tracker) of the run's output
+    folder, one of its checkpoints, its `hub_model_id`, or naming its run id
+    (`audit.facts.evaluations`). One finding per team and ISO week lists the runs. A
+    fine-tuned model known only from evaluations (an adapter, a checkpoint path, an
+    `-Instruct` model of a base) that was evaluated on domain tasks only is a finding too.
+    The rule never switches itself off: with no general evaluation anywhere, every
+    training run is unmonitored, and a note names what looks like a general benchmark.
 
     Why it is waste:
     Fine-tuning, SFT above all, pulls a model towards a fixed external distribution and
-    can silently destroy general ability; without a general benchmark nobody notices until
+    can silently destroy general ability; without a general evaluation nobody notices until
     the model fails downstream and the training is redone. The risk is real but its cost
-    is not measured, so no GPU-hours are claimed.
+    is not measured: the runs' GPU-hours are shown as at risk, no waste is claimed.
 
     Known false positives:
-    Runs evaluated by a separate evaluation run (log its metrics into the training run,
-    or tag the training run `audit.ignore=REG001`), and metric names outside the
-    configured globs.
+    Evaluations kept where `audit` cannot see them (import them: `audit ingest evals`), and
+    general tasks outside `[evaluations] general_tasks`.
 
     Example:
-    `rl-llama-grpo` (RL, 7 h on 8 GPUs) logged only `eval/target/*` and `train/*` metrics
-    while the other runs of its experiment logged `eval/general/*`.
+    `sft-mistral7b-translator` (LoRA SFT, 5.7 h) logged only its training loss, and no
+    evaluation of its output folder was imported.
 
     How to fix:
-    Evaluate a small general suite (MMLU, GSM8K, IFEval) every N steps and log it under
-    `eval/general/`; gate training on it with `audit gate`. If your general benchmarks
-    have other names, set `[metrics] general` to globs that match them.
+    Evaluate a small general suite (MMLU, GSM8K, IFEval, HellaSwag) on every fine-tune
+    and its base model with lm-evaluation-harness (`audit ingest evals results/`), or log
+    it during training under `eval/general/`; gate on it with `audit gate`.
 
     References:
     Shenfeld, Pari, Agrawal, "RL's Razor: Why Online Reinforcement Learning Forgets Less" (2025);
@@ -51,78 +51,124 @@ class UnmonitoredGeneralAbility(Rule):
     name = "unmonitored-general-ability"
     severity = Severity.MEDIUM
     family_label = "unmonitored regression"
-    reads_shared = frozenset({"facts", "general values", "learning-rate runs"})
+    reads_shared = frozenset({"facts", "evaluations"})
     needs = {"runs": "no runs imported"}
     thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
     recommendation = (
-        "Log a general-ability benchmark under eval/general/ during training and gate on it."
+        "Evaluate the model on a general-ability suite (lm-eval: mmlu, gsm8k, ifeval) and its "
+        "base model, and gate on it (audit gate)."
     )
 
     def check(self, ctx: RuleContext):
-        globs = ctx.metric_globs("general")
-        monitored = general_values(ctx)
-        if not monitored:
+        found = evaluations(ctx)
+        monitored = set()
+        for evaluation in found.all:
+            if evaluation.general:
+                run = found.training_run(evaluation)
+                if run is not None:
+                    monitored.add(run.key)
+        if not any(e.general for e in found.all):
             lookalikes = lookalike_metrics(ctx)
-            seen = (
-                "metric names that look like general benchmarks here: "
-                + ", ".join(f"{k} ({n} runs)" for k, n in lookalikes)
-                if lookalikes
-                else "no metric name here looks like a general benchmark either"
-            )
-            raise Skip(
-                f"no metric of any run matches [metrics] general globs {', '.join(globs) or '(none)'}; "
-                f"{seen}. Set [metrics] general to the names your general benchmarks use; "
-                "runs are not flagged one by one while the globs match nothing"
-            )
-        with_lr = runs_with_learning_rate(ctx)
+            if lookalikes:
+                ctx.note(
+                    "no evaluation of a general-ability task anywhere; metric names that look "
+                    "like general benchmarks here: "
+                    + ", ".join(f"{k} ({n} runs)" for k, n in lookalikes)
+                    + ": set [metrics] general or [evaluations] general_tasks to match them"
+                )
         groups: dict[tuple, list] = {}
         eligible: dict[tuple, int] = {}
         for run in ctx.facts.runs_in(ctx.window):
             if (
                 run.status != "FINISHED"
                 or run.lifecycle_stage != "active"
+                or not found.is_training(run)
                 or (run.method or "") in TRAINING_METHODS_EXCLUDED
                 or (run.run_hours or 0) * 60 < ctx.thresholds["min_run_minutes"]
-                or (run.method is None and run.key not in with_lr)
             ):
                 continue
-            group = (
-                run.experiment or run.experiment_id or "?",
-                iso_week(run.start_time, ctx.config.timezone),
-            )
+            week = iso_week(run.start_time, ctx.config.timezone) if run.start_time else ""
+            group = (run.team or "unknown", week)
             eligible[group] = eligible.get(group, 0) + 1
             if run.key not in monitored:
                 groups.setdefault(group, []).append(run)
-        for (experiment, week), runs in sorted(groups.items()):
-            teams = {r.team for r in runs}
-            names = ", ".join(repr(r.name) for r in runs[:5]) + (
-                f" and {len(runs) - 5} more" if len(runs) > 5 else ""
-            )
-            known = [r.cost.gpu_hours for r in runs if r.cost.gpu_hours is not None]
+        for (team, week), runs in sorted(groups.items()):
+            yield self._runs_finding(team, week, runs, eligible[(team, week)])
+        yield from self._models_evaluated_on_domain_tasks_only(ctx, found)
+
+    def _runs_finding(self, team: str, week: str, runs: list, eligible: int):
+        names = ", ".join(repr(r.name) for r in runs[:5]) + (
+            f" and {len(runs) - 5} more" if len(runs) > 5 else ""
+        )
+        known = [r.cost.gpu_hours for r in runs if r.cost.gpu_hours is not None]
+        unknown_hours = sum(r.run_hours or 0 for r in runs if r.cost.gpu_hours is None)
+        at_risk = []
+        if known:
+            at_risk.append(f"{sum(known):.1f} GPU-h")
+        if unknown_hours:
+            at_risk.append(f"{unknown_hours:.1f} run-hours of unknown GPU count")
+        when = f"started in {week}" if week else "of unknown time"
+        return self.finding(
+            subject={"team": team, "week": week},
+            message=(
+                f"{len(runs)} of {eligible} finished training runs of team {team!r} {when} "
+                f"were never evaluated on a general-ability task by any link: {names}"
+                + (f" ({', '.join(at_risk)} at risk)" if at_risk else "")
+            ),
+            evidence={
+                "runs": [
+                    {
+                        "run_id": r.run_id,
+                        "name": r.name,
+                        "method": r.method,
+                        "gpu_hours": r.cost.gpu_hours,
+                        "run_hours": None if r.run_hours is None else round(r.run_hours, 3),
+                        "cost_basis": r.cost.basis,
+                    }
+                    for r in runs
+                ],
+                "links_tried": (
+                    "general metrics in the run ([metrics] general), evaluations of its "
+                    "output folder, checkpoints or hub_model_id, evaluations naming its run id"
+                ),
+                "formula": "risk only: the runs' GPU-hours are at risk, no waste is claimed",
+            },
+            risk_gpu_hours=sum(known) if known else None,
+            run_hours=unknown_hours or None,
+            team=None if team == "unknown" else team,
+            method=runs[0].method if len({r.method for r in runs}) == 1 else None,
+            happened_at=runs[0].start_time,
+        )
+
+    def _models_evaluated_on_domain_tasks_only(self, ctx: RuleContext, found):
+        for model in found.models():
+            evaluations = found.evaluations_of(model)
+            if any(e.general for e in evaluations) or not found.is_fine_tuned(model):
+                continue
+            if any(found.training_run(e) is not None for e in evaluations):
+                continue  # its training run's finding says it
+            if not any(ctx.window.contains(e.run.start_time) for e in evaluations):
+                continue
+            tasks = sorted({e.task for e in evaluations})
+            name, revision, adapter = model
+            shown = adapter or name
+            first = min(evaluations, key=lambda e: (e.run.start_time is None, e.run.start_time))
             yield self.finding(
-                subject={"experiment": experiment, "week": week},
+                subject={"model": shown},
                 message=(
-                    f"{len(runs)} of {eligible[(experiment, week)]} training runs of experiment "
-                    f"{experiment!r} started in {week} logged 0 metrics matching {', '.join(globs)} "
-                    f"(expected ≥ 1 each): {names}"
+                    f"fine-tuned model {shown!r} was evaluated on {len(tasks)} domain "
+                    f"task{'s' if len(tasks) > 1 else ''} only ({', '.join(tasks[:6])}"
+                    + (f" and {len(tasks) - 6} more" if len(tasks) > 6 else "")
+                    + "), never on a general-ability task"
                 ),
                 evidence={
-                    "general_metric_globs": globs,
-                    "runs": [
-                        {
-                            "run_id": r.run_id,
-                            "name": r.name,
-                            "method": r.method,
-                            "team": r.team,
-                            "gpu_hours_unprotected": r.cost.gpu_hours,
-                            "cost_basis": r.cost.basis,
-                        }
-                        for r in runs
-                    ],
-                    "gpu_hours_unprotected": round(sum(known), 3) if known else None,
-                    "formula": "risk only: no waste figure is claimed",
+                    "model": name,
+                    "revision": revision,
+                    "adapter": adapter,
+                    "tasks": tasks,
+                    "evaluation_runs": sorted({e.run.run_id for e in evaluations}),
+                    "general_tasks": found.general_tasks,
+                    "formula": "risk only: no training run of it is imported, no cost is known",
                 },
-                team=teams.pop() if len(teams) == 1 else None,
-                method=runs[0].method if len({r.method for r in runs}) == 1 else None,
-                happened_at=runs[0].start_time,
+                happened_at=first.run.start_time,
             )

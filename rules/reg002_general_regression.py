@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 from ._metrics import cost_after_crossing, crossing_point, general_values
-from ._shared import recipes
+from ._shared import evaluations, recipes
 
 
 class GeneralRegression(Rule):
@@ -18,6 +18,14 @@ class GeneralRegression(Rule):
     crossed the tolerance at a step s while training went on, the GPU-hours after s are
     what an automatic gate would have saved. Runs registered as a model are critical.
     A base model without a baseline run gets one info finding naming its unjudged runs.
+    Evaluations recorded apart from training are compared too, wherever each was recorded
+    (lm-eval results files, evaluation runs: `audit.facts.evaluations`): a fine-tuned model's
+    evaluation against its base model's on the same general-ability task and settings
+    (n-shot, limit, task version, chat template, generation kwargs), metric by metric,
+    each read in the direction the evaluation tool recorded (`higher_is_better`). The base
+    is the fine-tune's training run's base model, an adapter's `pretrained=` model, or by
+    the hub convention `<name>-Instruct`/`-it`/`-chat` → `<name>`. Such a finding claims no
+    waste: the fine-tune's training run (when imported) is at risk of being redone.
 
     Why it is waste:
     A model that lost general ability is unusable and its training is redone: the
@@ -43,9 +51,10 @@ class GeneralRegression(Rule):
 
     code = "REG002"
     name = "general-regression"
+    severity_from_impact = False  # a model that cannot ship, whatever the hours
     severity = Severity.HIGH
     family_label = "unmonitored regression"
-    reads_shared = frozenset({"facts", "general values", "recipes"})
+    reads_shared = frozenset({"facts", "general values", "recipes", "evaluations"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {"tolerance": Threshold(0.02, "allowed absolute drop below the baseline", 0, 1)}
     recommendation = "Gate training on general benchmarks (audit gate) and lower the learning rate or mix in general data."
@@ -99,6 +108,101 @@ class GeneralRegression(Rule):
                 "[metrics] higher_is_better or lower_is_better to a glob that matches it"
             )
         yield from self._missing_baselines(ctx, without_baseline, baseline_tag)
+        yield from self._evaluated_models(ctx, tolerance)
+
+    def _evaluated_models(self, ctx: RuleContext, tolerance: float):
+        """Fine-tuned models' general evaluations against their base models'."""
+        found = evaluations(ctx)
+        unknown: set[str] = set()
+        for model in found.models():
+            base = found.base_identity(model)
+            if base is None:
+                continue
+            mine = _latest_by_identity(found.evaluations_of(model))
+            theirs = _latest_by_identity(found.evaluations_of(base))
+            drops, compared = {}, 0
+            for key in sorted(set(mine) & set(theirs)):
+                task, settings = key
+                ours, reference = mine[key], theirs[key]
+                if not ours.general or not ctx.window.contains(ours.run.start_time):
+                    continue
+                for result_key in sorted(set(ours.results) & set(reference.results)):
+                    metric, lm_filter = result_key
+                    now, before = ours.results[result_key], reference.results[result_key]
+                    direction = found.direction(
+                        metric, now if now.higher_is_better is not None else before
+                    )
+                    if direction is None:
+                        unknown.add(f"{task}/{metric}")
+                        continue
+                    compared += 1
+                    gain = direction.improvement(before.value, now.value)
+                    if gain < -tolerance:
+                        label = f"{task} {metric}" + (f",{lm_filter}" if lm_filter else "")
+                        drops[label] = {
+                            "base": round(before.value, 4),
+                            "fine_tuned": round(now.value, 4),
+                            "change": round(now.value - before.value, 4),
+                            "better": direction.word,
+                            "direction_from": direction.source,
+                            "settings": dict(settings),
+                        }
+            if drops:
+                yield self._evaluation_finding(found, model, base, mine, drops, compared, tolerance)
+        if unknown:
+            ctx.note(
+                "evaluation metrics not compared, their direction is unknown: "
+                + ", ".join(sorted(unknown)[:10])
+            )
+
+    def _evaluation_finding(self, found, model, base, mine, drops, compared, tolerance):
+        name, revision, adapter = model
+        shown = adapter or name
+        worst_label, worst = min(
+            drops.items(),
+            key=lambda kv: kv[1]["change"] * (1 if kv[1]["better"] == "higher" else -1),
+        )
+        training = next(
+            (found.training_run(e) for e in mine.values() if found.training_run(e)), None
+        )
+        evidence = {
+            "model": name,
+            "revision": revision,
+            "adapter": adapter,
+            "base_model": base[0],
+            "base_from": "adapter's pretrained model"
+            if adapter
+            else ("its training run's base model" if training else "the hub naming convention"),
+            "compared_metrics": compared,
+            "drops": drops,
+            "tolerance": tolerance,
+        }
+        if training is not None and training.cost.gpu_hours is not None:
+            evidence["training_run"] = {"run_id": training.run_id, "name": training.name}
+            evidence["formula"] = (
+                f"risk only: the training run {training.name!r} ({training.cost.basis}) is "
+                "at risk of being redone; no waste is claimed"
+            )
+            risk = training.cost.gpu_hours
+        else:
+            evidence["formula"] = "risk only: no training run of it is imported, no cost is known"
+            risk = None
+        more = f"; {len(drops)} general metrics regressed" if len(drops) > 1 else ""
+        first = min(mine.values(), key=lambda e: (e.run.start_time is None, e.run.start_time))
+        return self.finding(
+            subject={"model": shown, "base_model": base[0]},
+            message=(
+                f"{shown!r} lost general ability against its base {base[0]!r}: {worst_label} "
+                f"{worst['base']:.4f} → {worst['fine_tuned']:.4f} ({worst['change']:+.4f}; "
+                f"{worst['better']} is better, tolerance {tolerance:g}, same task and "
+                f"settings){more}"
+            ),
+            evidence=evidence,
+            risk_gpu_hours=risk,
+            team=training.team if training else None,
+            method=training.method if training else None,
+            happened_at=first.run.start_time,
+        )
 
     def _missing_baselines(self, ctx, without_baseline: dict, baseline_tag: str):
         """One hint per base model, not per run: 100k unjudged runs are one missing eval."""
@@ -160,3 +264,13 @@ class GeneralRegression(Rule):
             method=run.method,
             happened_at=run.start_time,
         )
+
+
+def _latest_by_identity(evals: list) -> dict[tuple, object]:
+    """A model's evaluations by (task, settings): the latest of each."""
+    out: dict[tuple, object] = {}
+    for evaluation in sorted(
+        evals, key=lambda e: (e.run.start_time is not None, e.run.start_time or 0)
+    ):
+        out[(evaluation.task, evaluation.settings)] = evaluation
+    return out

@@ -121,6 +121,7 @@ class SamplingSourceNotRecorded(Rule):
                     "gpu_hours_unattributed": round(sum(known), 3) if known else None,
                     "formula": "attribution gap: no waste figure is claimed",
                 },
+                risk_gpu_hours=sum(known) if known else None,
                 team=teams.pop() if len(teams) == 1 else None,
                 happened_at=runs[0][0].start_time,
             )

@@ -70,9 +70,9 @@ def test_jobs_keep_their_read_columns_and_runs_share_their_texts(tmp_path):
 
 
 def test_gpu_type_and_attribution_follow_their_order(tmp_path):
-    """A run's GPU type: its job's allocation, else its own param or tag, else
-    ``default_gpu_type``, else the card model its job's hosts reported. A job's: its
-    allocation, else its hosts' model. A job takes the team, method and base model of its
+    """A run's GPU type: its job's allocation (said as precisely as its hosts' model name
+    when that is the same card), else its own param or tag, else ``default_gpu_type``, else
+    the card model its job's hosts reported. A job's: its allocation, else its hosts' model. A job takes the team, method and base model of its
     first run; a job without runs its account's team."""
     job = {"start": 0, "end": 4, "host": "n1"}
     data = {
@@ -114,7 +114,7 @@ def test_gpu_type_and_attribution_follow_their_order(tmp_path):
         wh.close()
     run = {r.run_id: r for r in facts.runs}
     assert {k: (r.cost.gpu_type, r.job_id) for k, r in run.items()} == {
-        "alloc": ("h100", "1"),
+        "alloc": ("NVIDIA H100 80GB HBM3", "1"),
         "param": ("A100", "2"),
         "later": ("L40S", "2"),
         "default": ("L40S", "3"),
@@ -123,7 +123,7 @@ def test_gpu_type_and_attribution_follow_their_order(tmp_path):
     host_model = "NVIDIA H100 80GB HBM3"
     jobs = {j.job_id: j for j in facts.jobs}
     assert {k: j.gpu_type for k, j in jobs.items()} == {
-        "1": "h100", "2": host_model, "3": host_model, "4": host_model,
+        "1": host_model, "2": host_model, "3": host_model, "4": host_model,
     }  # fmt: skip
     assert (jobs["2"].run_ids, jobs["2"].team, jobs["2"].method) == (
         ["param", "later"],

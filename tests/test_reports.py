@@ -76,22 +76,30 @@ def test_weekly_json(run_cli, fresh_demo_db):
     _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
     doc = json.loads(out)
     # The reasoning team's three W&B runs add num_gpus × run duration = 88.5 GPU-h at the
-    # default $2.00/GPU-h (no GPU type known for runs outside Slurm): $177.07.
-    assert doc["headline"] == {
+    # default $2.00/GPU-h (no GPU type known for runs outside Slurm): $177.07. The waste
+    # of that spend leaves out the idle host ($288, its own figure) and storage ($/month);
+    # tests/test_headline.py recomputes each figure from the findings.
+    headline = dict(doc["headline"])
+    assert [f["figure"] for f in headline.pop("formulas")][:2] == ["Spent", "Wasted"]
+    assert headline == {
         "gpu_hours": 1006.9,
         "usd_spent": 2886.9,
-        "usd_wasted": 1867.8,
-        "waste_share": 64.7,
-        "gpu_hours_wasted": 636.8,
+        "usd_wasted": 780.3,
+        "waste_share": 27.0,
+        "gpu_hours_wasted": 276.5,
+        "unallocated_usd": 288.0,
+        "unallocated_gpu_hours": 96.0,
         "reclaimable_gb": 291.5,
+        "storage_usd_month": 6.71,
         "findings": 20,
+        "listed": 20,
         "unknown_cost_findings": 0,
         "unknown_cost_run_hours": 0,
     }
     assert [t["week"] for t in doc["trend"]] == [f"2026-W{w}" for w in range(40, 48)]
     # storage waste belongs to the weeks its files existed: the orphan sweep of September
     # in every week, the runs' checkpoints only from W47 on (not in weeks before the runs)
-    assert doc["trend"][-1]["usd"] == 1867.8
+    assert doc["trend"][-1]["usd"] == 780.3
     assert [t["findings"] for t in doc["trend"][:-1]] == [1] * 7
     assert [t["has_data"] for t in doc["trend"]] == [False] * 7 + [True]
     assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP003"}
@@ -154,7 +162,7 @@ def test_ad_hoc_scans_are_never_reused_as_the_week(run_cli, fresh_demo_db):
     _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
     doc = json.loads(out)
     assert doc["scan_id"] == 3  # a new, complete scan, not the ad-hoc scan #1
-    assert doc["headline"]["usd_wasted"] == 1867.8 and doc["headline"]["findings"] == 20
+    assert doc["headline"]["usd_wasted"] == 780.3 and doc["headline"]["findings"] == 20
     assert {r["rule"] for r in doc["rules"]} == set(all_rules())
     # W46's figures come from a complete scan too (the orphan checkpoint of September is in
     # it; the ad-hoc OVP,IDL scan of W46 had no storage finding)
@@ -385,6 +393,17 @@ def test_report_in_a_real_browser(run_cli, fresh_demo_db, hostile_db, tmp_path):
                 assert page.evaluate("document.documentElement.classList.contains('js')")
                 page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
                 if name == "weekly":
+                    # a lead reads the first screen: the first action is on it
+                    page.set_viewport_size({"width": 1400, "height": 900})
+                    page.evaluate("window.scrollTo(0, 0)")
+                    first = page.eval_on_selector(
+                        "ol.actions li", "li => li.getBoundingClientRect().bottom"
+                    )
+                    assert 0 < first <= 900, first
+                    page.screenshot(path=str(ARTIFACTS / "weekly-first-screen.png"))
+                    assert "Release idle reserved" in page.inner_text("ol.actions li")
+                    page.click("ol.actions li a")
+                    assert page.evaluate("location.hash").startswith("#f-")
 
                     def column(index, page=page):
                         return page.eval_on_selector_all(
@@ -460,7 +479,14 @@ def test_ten_thousand_findings_stay_small():
         "scan_id": 1,
         "links": {},
         "rules": [],
-        "summary": {"families": families, "by_team": {}, "findings": 10_000},
+        "summary": {
+            "families": families,
+            "by_team": {},
+            "findings": 10_000,
+            "listed": 10_000,
+            "immaterial": [],
+            "actions": [],
+        },
         "findings": [{**finding, "id": str(i)} for i in range(10_000)],
         "headline": {
             "gpu_hours": 1,
@@ -468,8 +494,13 @@ def test_ten_thousand_findings_stay_small():
             "usd_wasted": 1,
             "waste_share": 1,
             "gpu_hours_wasted": 1,
+            "unallocated_usd": 0,
+            "unallocated_gpu_hours": 0,
             "reclaimable_gb": 0,
+            "storage_usd_month": 0,
             "findings": 10_000,
+            "listed": 10_000,
+            "formulas": [],
         },
         "methods": {"by_method": [], "points": []},
         "categories": [],

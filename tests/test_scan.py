@@ -46,6 +46,7 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
             or f["subject"].get("host")
             or f["subject"].get("dataset_digest")
             or f["subject"].get("experiment")
+            or f["subject"].get("team")
             or f["subject"].get("run_dir", "").rsplit("/", 1)[-1],
         )
         for f in doc["findings"]
@@ -68,7 +69,7 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
             ("OVP004", "4700111"),
             ("PIL001", "rl-llama-tools-grpo"),
             ("RED001", "sft-llama-chat-mix"),
-            ("REG001", "code-edit-posttrain"),
+            ("REG001", "coder"),
             ("REG002", "sft-qwen-lr1e-4"),
             ("SIL001", plan.DATASETS["edit-pairs"]),
             ("STB001", "rl-qwen-grpo-lr5e-6"),
@@ -110,8 +111,11 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
     )
     assert by_rule["STB001"]["evidence"]["signals"][0]["onset_step"] == 400
     # PIL: the whole failed job (8 GPUs × 34 h + 2 min) minus a one-node, one-hour pilot
-    assert by_rule["PIL001"]["waste"]["gpu_hours"] == pytest.approx(8 * (34 + 2 / 60) - 8, abs=0.01)
-    assert "ended FAILED" in by_rule["PIL001"]["message"]
+    # failed after 34 h: a 1-h pilot would not have shown it, so the hours are at risk, not
+    # waste (issue 39: counterfactuals priced as what they are)
+    assert by_rule["PIL001"]["waste"]["gpu_hours"] == 0
+    assert by_rule["PIL001"]["risk_gpu_hours"] == pytest.approx(8 * (34 + 2 / 60), abs=0.01)
+    assert "ended FAILED after 34.0 h, too late for a 1-h pilot" in by_rule["PIL001"]["message"]
     # RED: critical; crossed at the first evaluation (step 250 of 1500 of a 3 h run)
     assert by_rule["RED001"]["severity"] == "critical"
     assert by_rule["RED001"]["waste"]["gpu_hours"] == pytest.approx(
@@ -140,9 +144,15 @@ def test_scan_table_and_fail_on(run_cli, demo_db):
     base = ["--db", str(demo_db["db"]), "--config", str(demo_db["config"]), "scan"]
     code, out, _ = run_cli(*base)
     assert code == 0
-    assert out.splitlines()[0].split() == ["family", "findings", "GPU-h", "$", "GB"]
+    lines = out.splitlines()
+    # the order a lead reads: what to do first, then the headline, then the families
+    assert lines[0] == "what to do first (10 of 20 findings, by impact):"
+    assert re.search(r"^ 1  medium\s+IDL003\s+unknown\s+96\.00 GPU-h, \$288\.00", out, re.M)
+    assert re.search(r"^ 3  critical\s+REG002\s+team coder, bob", out, re.M)
+    headline = next(n for n, line in enumerate(lines) if line.startswith("wasted: "))
+    families = next(n for n, line in enumerate(lines) if line.split()[:2] == ["family", "findings"])
+    assert 0 < headline < families
     assert re.search(r"^all\s+20\s", out, re.M)
-    assert "critical  REG002  sft-qwen-lr1e-4" in out
     assert run_cli(*base, "--fail-on", "critical")[0] == 1
     assert run_cli(*base, "--select", "SIL", "--fail-on", "high")[0] == 0
     assert run_cli(*base, "--select", "SIL", "--fail-on", "medium")[0] == 1

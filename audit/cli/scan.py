@@ -69,8 +69,36 @@ def json_chunks(document: dict):
     yield "}\n"
 
 
-def render_table(result, summary, top: int = 10) -> str:
+def render_table(result, summary, show_all: bool = False) -> str:
+    """The scan for a terminal, in the order a lead reads it: what to do first, the
+    headline figures, waste by family, what is under the floors, what was not judged."""
     lines = []
+    actions = summary["actions"]
+    if actions:
+        lines.append(
+            f"what to do first ({len(actions)} of {summary['listed']} findings, by impact):"
+        )
+        lines.append(
+            table(
+                ["#", "severity", "rule", "owner", "impact", "action", "finding"],
+                [
+                    [
+                        str(number),
+                        a["severity"],
+                        a["rule"],
+                        owner_text(a["owner"]),
+                        a["impact"],
+                        a["action"],
+                        a["finding"],
+                    ]
+                    for number, a in enumerate(actions, start=1)
+                ],
+                right={0},
+            )
+        )
+        lines.append("")
+    lines += headline_lines(summary)
+    lines.append("")
     fam_rows = [
         [
             f["family"],
@@ -96,57 +124,32 @@ def render_table(result, summary, top: int = 10) -> str:
     lines.append(
         table(["family", "", "findings", "GPU-h", "$", "GB"], fam_rows, right={2, 3, 4, 5})
     )
-    spend = summary["spend"]
-    share = (
-        f" ({100 * waste['usd'] / spend['usd']:.1f} % of ${spend['usd']:,.2f} spent on {spend['runs']} runs"
-        f" and {spend['jobs_without_run']} {'job' if spend['jobs_without_run'] == 1 else 'jobs'} without a run)"
-        if spend["usd"]
-        else ""
-    )
-    lines.append("")
-    lines.append(
-        f"waste: {waste['gpu_hours']:,.1f} GPU-h, ${waste['usd']:,.2f}{share}, {waste['bytes'] / 1e9:,.1f} GB reclaimable"
-    )
-    if waste["unknown_cost"]:
-        lines.append(
-            f"unknown cost: {waste['unknown_cost']} findings ({waste['unknown_cost_run_hours']:,.2f} "
-            "run-hours) have no GPU count in any source; not included above"
-        )
-    if spend["runs_without_cost"]:
-        lines.append(
-            f"spend excludes {spend['runs_without_cost']} runs with an unknown GPU count "
-            f"({spend['run_hours_without_cost']:,.2f} run-hours): see [cost] in audit.toml"
-        )
-    evaluation = summary["evaluation"]
-    if evaluation["runs"]:
-        lines.append(
-            f"evaluation: {evaluation['gpu_hours']:,.1f} GPU-h, ${evaluation['usd']:,.2f} on "
-            f"{evaluation['runs']} evaluation runs (in the spend above), "
-            f"${evaluation['duplicate_usd']:,.2f} of it duplicates"
-        )
-    if summary["suppressed"]:
-        lines.append(f"suppressed: {summary['suppressed']} findings (listed in --format json)")
-    active = result.active
-    if active:
+    if summary["immaterial"]:
         lines.append("")
-        lines.append(f"top findings ({min(top, len(active))} of {len(active)}):")
+        lines.append("under the materiality floors (not listed; --all lists them):")
+        lines += [f"  {immaterial_text(line)}" for line in summary["immaterial"]]
+    if show_all:
+        shown = result.active
+        lines.append("")
+        lines.append(f"all {len(shown)} findings:")
         lines.append(
             table(
-                ["severity", "rule", "subject", "GPU-h", "$", "message"],
+                ["severity", "rule", "subject", "impact", "listed", "message"],
                 [
                     [
                         f.severity.label,
                         f.rule,
                         subject_label(f.subject),
-                        "?" if f.gpu_hours is None else f"{f.gpu_hours:,.1f}",
-                        "?" if f.usd is None else f"{f.usd:,.2f}",
+                        f.impact_text,
+                        "yes" if f.material else "under floor",
                         f.message,
                     ]
-                    for f in active[:top]
+                    for f in shown
                 ],
-                right={3, 4},
             )
         )
+    if summary["suppressed"]:
+        lines.append(f"suppressed: {summary['suppressed']} findings (listed in --format json)")
     skipped = [r for r in result.results if r.status != "ok"]
     for r in skipped:
         lines.append(f"{r.rule} {r.status}: {r.reason}")
@@ -159,6 +162,74 @@ def render_table(result, summary, top: int = 10) -> str:
     return "\n".join(safe_lines(lines))
 
 
+def owner_text(owner: dict) -> str:
+    parts = [owner.get("team") and f"team {owner['team']}", owner.get("user")]
+    return ", ".join(p for p in parts if p) or "unknown"
+
+
+def immaterial_text(line: dict) -> str:
+    parts = []
+    if line["gpu_hours"]:
+        parts.append(f"{line['gpu_hours']:,.2f} GPU-h (${line['usd']:,.2f})")
+    if line["run_hours"]:
+        parts.append(f"{line['run_hours']:,.2f} run-hours")
+    if line["bytes"]:
+        parts.append(f"{line['bytes'] / 1e9:,.2f} GB")
+    if line["risk_gpu_hours"]:
+        parts.append(f"{line['risk_gpu_hours']:,.2f} GPU-h at risk")
+    team = f"team {line['team']}" if line["team"] else "no team"
+    weight = ", ".join(parts) or "nothing measured"
+    return f"{line['rule']} ({team}): {line['findings']} findings, {weight} in all"
+
+
+def headline_lines(summary: dict) -> list[str]:
+    """The headline figures, each over its own population."""
+    h, spend = summary["headline"], summary["spend"]
+    wasted, spent = h["wasted"], h["spent"]
+    share = f" = {wasted['share_pct']} % of ${spent['usd']:,.2f} spent" if spent["usd"] else ""
+    lines = [
+        f"wasted: ${wasted['usd']:,.2f} ({wasted['gpu_hours']:,.1f} GPU-h){share} on "
+        f"{spend['runs']} runs and {spend['jobs_without_run']} "
+        f"{'job' if spend['jobs_without_run'] == 1 else 'jobs'} without a run"
+    ]
+    idle = h["unallocated_capacity"]
+    if idle["findings"]:
+        lines.append(
+            f"unallocated capacity: ${idle['usd']:,.2f} ({idle['gpu_hours']:,.1f} GPU-h) of "
+            "GPUs idle with no job, outside the spend above"
+        )
+    storage = h["storage"]
+    if storage["findings"]:
+        lines.append(
+            f"storage: {storage['gb']:,.1f} GB reclaimable, ${storage['usd_per_month']:,.2f} "
+            "per month"
+        )
+    unknown = h["unknown_cost"]
+    if unknown["findings"]:
+        lines.append(
+            f"unknown cost: {unknown['findings']} findings ({unknown['run_hours']:,.2f} "
+            "run-hours) have no GPU count in any source; not included above"
+        )
+    if spend["runs_without_cost"]:
+        lines.append(
+            f"spend excludes {spend['runs_without_cost']} runs with an unknown GPU count "
+            f"({spend['run_hours_without_cost']:,.2f} run-hours): see [cost] in audit.toml"
+        )
+    if spend["gpu_hours_at_fallback_price"]:
+        lines.append(
+            f"{spend['gpu_hours_at_fallback_price']:,.1f} GPU-h of the spend are priced at "
+            "[prices] default: their card has no price (set [prices] gpu_hour_usd)"
+        )
+    evaluation = summary["evaluation"]
+    if evaluation["runs"]:
+        lines.append(
+            f"evaluation: {evaluation['gpu_hours']:,.1f} GPU-h, ${evaluation['usd']:,.2f} on "
+            f"{evaluation['runs']} evaluation runs (in the spend above), "
+            f"${evaluation['duplicate_usd']:,.2f} of it duplicates"
+        )
+    return lines
+
+
 def safe_lines(lines: list[str]) -> list[str]:
     return [safe(line) for line in lines]
 
@@ -166,18 +237,24 @@ def safe_lines(lines: list[str]) -> list[str]:
 MARKDOWN_NOTES = 20  # notes listed in --format md; all of them are in --format json
 
 
-def render_markdown(result, summary, top: int = 20) -> str:
-    waste, spend = summary["waste"], summary["spend"]
-    out = [
-        f"## audit scan #{result.scan_id}",
-        "",
-        f"**Waste: {waste['gpu_hours']:,.1f} GPU-h, ${waste['usd']:,.2f}**"
-        + (
-            f" ({100 * waste['usd'] / spend['usd']:.1f} % of ${spend['usd']:,.2f} spent)"
-            if spend["usd"]
-            else ""
-        )
-        + f", {waste['bytes'] / 1e9:,.1f} GB reclaimable storage.",
+def render_markdown(result, summary, show_all: bool = False) -> str:
+    out = [f"## audit scan #{result.scan_id}", ""]
+    actions = summary["actions"]
+    if actions:
+        out += [
+            f"**What to do first** ({len(actions)} of {summary['listed']} findings, by impact):",
+            "",
+            "| # | severity | rule | owner | impact | action | finding |",
+            "|--:|---|---|---|--:|---|---|",
+        ]
+        out += [
+            f"| {n} | {a['severity']} | {a['rule']} | {markdown_text(owner_text(a['owner']))} | "
+            f"{a['impact']} | {markdown_text(a['action'])} | {markdown_text(a['finding'])} |"
+            for n, a in enumerate(actions, start=1)
+        ]
+        out.append("")
+    out += [f"- {markdown_text(line)}" for line in headline_lines(summary)]
+    out += [
         "",
         "| family | findings | GPU-h | $ | GB |",
         "|---|--:|--:|--:|--:|",
@@ -186,26 +263,22 @@ def render_markdown(result, summary, top: int = 20) -> str:
         f"| {f['family']} {f['label']} | {f['findings']} | {f['gpu_hours']:,.1f} | {f['usd']:,.2f} | {f['bytes'] / 1e9:,.1f} |"
         for f in summary["families"]
     ]
-    if waste["unknown_cost"]:
+    if summary["immaterial"]:
+        out += ["", "Under the materiality floors (not listed one by one):", ""]
+        out += [f"- {markdown_text(immaterial_text(line))}" for line in summary["immaterial"]]
+    if show_all and result.active:
         out += [
             "",
-            f"Unknown cost: {waste['unknown_cost']} findings have no GPU count in any source "
-            "and are not in the figures above.",
-        ]
-    active = result.active
-    if active:
-        out += [
+            f"All {len(result.active)} findings:",
             "",
-            f"Top {min(top, len(active))} of {len(active)} findings:",
-            "",
-            "| severity | rule | subject | waste | finding |",
+            "| severity | rule | subject | impact | finding |",
             "|---|---|---|--:|---|",
         ]
-    for f in active[:top]:
-        cost = "unknown" if f.usd is None else f"${f.usd:,.2f}"
-        out.append(
-            f"| {f.severity.label} | {f.rule} | {markdown_text(subject_label(f.subject))} | {cost} | {markdown_text(f.message)} |"
-        )
+        out += [
+            f"| {f.severity.label} | {f.rule} | {markdown_text(subject_label(f.subject))} | "
+            f"{f.impact_text} | {markdown_text(f.message)} |"
+            for f in result.active
+        ]
     not_run = [r for r in result.results if r.status != "ok"]
     if not_run:
         out += ["", "Rules not run:", ""]
@@ -251,8 +324,16 @@ def render_markdown(result, summary, top: int = 20) -> str:
     type=click.Choice(SEVERITIES),
     help="Exit 1 when a finding is at or above this severity.",
 )
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="List every finding, those under the materiality floors too.",
+)
 @pass_app
-def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fail_on) -> None:
+def scan_command(
+    app: AppContext, select, ignore, since, until, fmt, output, fail_on, show_all
+) -> None:
     """Run the waste rules over the warehouse, store and print the findings.
 
     Exit code 1 when a finding is at or above --fail-on (for CI and cron), else 0.
@@ -291,9 +372,9 @@ def scan_command(app: AppContext, select, ignore, since, until, fmt, output, fai
         elif fmt == "json":
             text = "".join(json_chunks(document))
         elif fmt == "md":
-            text = render_markdown(result, summary)
+            text = render_markdown(result, summary, show_all)
         else:
-            text = render_table(result, summary) + "\n"
+            text = render_table(result, summary, show_all) + "\n"
         if output:
             atomic.write_text(output, text)
         else:

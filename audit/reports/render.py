@@ -187,7 +187,7 @@ def _script() -> tuple[str, str]:
 def html_figures(report: dict) -> dict:
     """Every chart of the report's HTML, drawn, as plain data: a stored weekly report keeps
     them (``audit.reports.weekly.store_figures``) so rendering it again draws nothing."""
-    active = [f for f in report["findings"] if not f["suppressed"]]
+    active = listed(report)
     return {
         "charts": [asdict(c) for c in build_charts(report)],
         "matrix_charts": [asdict(c) for c in matrix_charts(report)],
@@ -199,7 +199,7 @@ def render_html(report: dict, figures: dict | None = None) -> str:
     """The self-contained HTML page; ``figures`` from ``html_figures`` (drawn if not given)."""
     template = _environment().get_template("report.html.j2")
     script, script_hash = _script()
-    active = [f for f in report["findings"] if not f["suppressed"]]
+    active = listed(report)
     figures = figures if figures is not None else html_figures(report)
     return template.render(
         report=report,
@@ -214,9 +214,14 @@ def render_html(report: dict, figures: dict | None = None) -> str:
     )
 
 
+def listed(report: dict) -> list[dict]:
+    """The findings a report lists one by one: active and at or above their floor."""
+    return [f for f in report["findings"] if not f["suppressed"] and f.get("material", True)]
+
+
 def render_markdown(report: dict, top: int = 10) -> str:
     template = _environment(html=False).get_template("report.md.j2")
-    active = [f for f in report["findings"] if not f["suppressed"]]
+    active = listed(report)
     return template.render(report=report, findings=active[:top], total=len(active))
 
 

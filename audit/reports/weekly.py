@@ -22,7 +22,7 @@ from audit.recipes import method_matrix, shared_recipes
 from audit.rule_registry import all_rules, effective_thresholds, get_rule, select_rules
 from audit.scans import LAST_CHANGE_SQL, ScanResult, complete_scan, load_scan, scan, selection
 from audit.status import warehouse_status
-from audit.summary import summarise
+from audit.summary import scope_of, summarise
 from audit.warehouse.alongside import alongside
 from audit.warehouse.store import Warehouse
 from audit.windows import Window, now
@@ -209,18 +209,33 @@ def _activity(wh, config: Config, window: Window, shared: dict) -> dict:
 
 
 def _headline(summary: dict) -> dict:
-    spent = summary["spend"]["usd"]
-    wasted = summary["waste"]["usd"]
+    """The report's headline cards: ``audit.summary.headline``'s figures, each from one
+    population, with the formulas its notes print."""
+    h = summary["headline"]
     return {
-        "unknown_cost_findings": summary["waste"]["unknown_cost"],
-        "unknown_cost_run_hours": round(summary["waste"]["unknown_cost_run_hours"], 2),
         "gpu_hours": round(summary["spend"]["gpu_hours"], 1),
-        "usd_spent": round(spent, 2),
-        "usd_wasted": round(wasted, 2),
-        "waste_share": round(100 * wasted / spent, 1) if spent else None,
-        "gpu_hours_wasted": round(summary["waste"]["gpu_hours"], 1),
-        "reclaimable_gb": round(summary["waste"]["bytes"] / 1e9, 1),
+        "usd_spent": round(h["spent"]["usd"], 2),
+        "usd_wasted": round(h["wasted"]["usd"], 2),
+        "waste_share": h["wasted"]["share_pct"],
+        "gpu_hours_wasted": round(h["wasted"]["gpu_hours"], 1),
+        "unallocated_usd": round(h["unallocated_capacity"]["usd"], 2),
+        "unallocated_gpu_hours": round(h["unallocated_capacity"]["gpu_hours"], 1),
+        "reclaimable_gb": h["storage"]["gb"],
+        "storage_usd_month": h["storage"]["usd_per_month"],
+        "unknown_cost_findings": h["unknown_cost"]["findings"],
+        "unknown_cost_run_hours": round(h["unknown_cost"]["run_hours"], 2),
         "findings": summary["findings"],
+        "listed": summary["listed"],
+        "formulas": [
+            {"figure": name, "formula": h[key]["formula"]}
+            for name, key in (
+                ("Spent", "spent"),
+                ("Wasted", "wasted"),
+                ("Unallocated capacity", "unallocated_capacity"),
+                ("Reclaimable storage", "storage"),
+                ("Unknown cost", "unknown_cost"),
+            )
+        ],
     }
 
 
@@ -233,11 +248,13 @@ def _trend(wh, config: Config, rules, window: Window, shared: dict) -> list[dict
         result = _week_scan(wh, config, rules, week, shared, fresh=week is window)
         findings = result.active
         activity = _activity(wh, config, week, shared)
+        # the waste in each week's spend, as the headline counts it
+        inside = [f for f in findings if scope_of(f) == "spend"]
         out.append(
             {
                 "week": week.label,
-                "usd": round(sum(f.usd or 0 for f in findings), 2),
-                "gpu_hours": round(sum(f.gpu_hours or 0 for f in findings), 1),
+                "usd": round(sum(f.usd or 0 for f in inside), 2),
+                "gpu_hours": round(sum(f.gpu_hours or 0 for f in inside), 1),
                 "findings": len(findings),
                 "has_data": not activity["empty"],
             }

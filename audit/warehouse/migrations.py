@@ -372,4 +372,11 @@ SELECT s.host, s.gpu, r.ts, r.util_pct, r.mem_used_mib, r.mem_total_mib, r.power
 FROM gpu_readings r JOIN gpu_series s USING (series);
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10]
+# A finding's impact when it claims no waste, and whether it passed its materiality floor
+# (audit.materiality); NULL in scans stored before: listed, as they were.
+V11 = """
+ALTER TABLE findings ADD COLUMN risk_gpu_hours DOUBLE;
+ALTER TABLE findings ADD COLUMN material BOOLEAN;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11]

@@ -1,0 +1,1 @@
+"""Accuracy against expert verdicts on real data (``verdicts.yml``; ``make accuracy``)."""
