@@ -8,13 +8,18 @@ asserted here); the bad-input cases write their own files, shaped as the harness
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 import duckdb
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.helpers import SHARED
+from audit.errors import InputError
+from audit.importers.lm_eval import read_lm_eval
+from tests.helpers import SHARED, property_examples
 
 EVALS = SHARED / "evals"
 LLAMA3 = EVALS / "lm-eval-llama3-8b-base-vs-instruct" / "meta-llama"
@@ -621,3 +626,53 @@ def test_a_new_file_of_a_rerun_is_a_new_run_and_an_unchanged_one_is_not_read_aga
     assert after["runs"] == before["runs"] + 1
     assert after["eval_results"] == before["eval_results"] + 1
     assert sorted(v for (v,) in rows(db, "SELECT value FROM eval_results")) == [0.5, 0.6]
+
+
+# -- any document: a result or the tool's own error ----------------------------------------------
+KEYS = [
+    "results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better",
+    "n-samples", "config", "date", "task_hashes", "model_args", "limit", "gen_kwargs", "acc,none",
+    "acc_stderr,none", "acc", "acc_stderr", "alias", "effective", "num_fewshot", "metric_list",
+    "metric", "generation_kwargs", "t", " ", "pretrained", "total_evaluation_time_seconds",
+]  # fmt: skip
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**80), 2**80)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from(["N/A", "", "pretrained=a,token=x", "1e400", "t", "0"])
+)
+DOCUMENTS = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(
+    max_examples=property_examples(200, 3000),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    document=st.fixed_dictionaries(
+        {"results": DOCUMENTS, "versions": DOCUMENTS},
+        optional={k: DOCUMENTS for k in KEYS if k not in ("results", "versions")},
+    )
+)
+def test_any_results_document_gives_finite_values_or_an_input_error(document):
+    path = Path("results.json")
+    try:
+        evaluation = read_lm_eval(document, path)
+    except InputError as exc:
+        assert str(exc).startswith(f"{path}: ")
+        return
+    for result in evaluation.results:
+        assert math.isfinite(result.value)
+        assert result.stderr is None or math.isfinite(result.stderr)
+        assert result.n_shot is None or -(2**31) <= result.n_shot < 2**31
+        assert result.samples is None or -(2**63) <= result.samples < 2**63
+        assert result.limit_n is None or math.isfinite(result.limit_n)
+    assert "token" not in evaluation.params.get("model_args", "")
