@@ -533,9 +533,9 @@ def test_settings_values_and_times_as_recorded(tmp_path, run_cli):
     document["n-shot"]["arc_easy"] = 2**40  # beyond INTEGER: not stored
     document["config"].update(
         {
-            "model_args": "pretrained=org/base,peft=/ckpt/adapter-7,revision=v2,"
+            "model_args": "pretrained=org/base,peft=/ckpt/adapter-7,revision=v2,add_bos_token=True,"
             "token=hf_SECRETTOKEN,api_key=sk-SECRETKEY,base_url=http://bob:pw-SECRET@host:8000/v1",
-            "gen_kwargs": "temperature=0,do_sample=False",
+            "gen_kwargs": "temperature=0,do_sample=False,max_new_tokens=64",
             "batch_size": 8,
             "limit": 0.25,
         }
@@ -563,7 +563,7 @@ def test_settings_values_and_times_as_recorded(tmp_path, run_cli):
     params = params_of(db, str(path))
     assert params == {
         "model": "org/base",
-        "model_args": "pretrained=org/base,peft=/ckpt/adapter-7,revision=v2,"
+        "model_args": "pretrained=org/base,peft=/ckpt/adapter-7,revision=v2,add_bos_token=True,"
         "base_url=http://host:8000/v1",
         "model_revision": "v2",
         "peft": "/ckpt/adapter-7",
@@ -571,7 +571,7 @@ def test_settings_values_and_times_as_recorded(tmp_path, run_cli):
         "chat_template": params["chat_template"],
         "system_instruction": params["system_instruction"],
         "fewshot_as_multiturn": "True",
-        "gen_kwargs": '{"do_sample":false,"temperature":0}',
+        "gen_kwargs": '{"do_sample":false,"max_new_tokens":64,"temperature":0}',
         "batch_size": "8",
         "limit": "0.25",
         "lm_eval_version": "0.4.8",
@@ -675,4 +675,4 @@ def test_any_results_document_gives_finite_values_or_an_input_error(document):
         assert result.n_shot is None or -(2**31) <= result.n_shot < 2**31
         assert result.samples is None or -(2**63) <= result.samples < 2**63
         assert result.limit_n is None or math.isfinite(result.limit_n)
-    assert "token" not in evaluation.params.get("model_args", "")
+    assert "token=x" not in evaluation.params.get("model_args", "")

@@ -20,9 +20,10 @@ The layouts, as the harness writes them (``lm_eval/evaluator.py``,
 
 Only finite numbers are results; NaN, infinities and "N/A" are left out (and counted). A
 stderr goes with its metric. Integers outside their column's range and numbers that are
-not finite are not stored. Of ``model_args`` an entry whose key names a credential
-(``token``, ``api_key``, ``password``, …) is dropped, and ``user:password@`` in a URL
-value removed: a results file keeps the command's arguments as typed.
+not finite are not stored. Of ``model_args`` and ``gen_kwargs`` an entry whose key names a
+credential (``token``, ``hf_token``, ``api_key``, ``password``, …) and holds text is dropped,
+and ``user:password@`` in a URL value removed: a results file keeps the command's arguments
+as typed.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 # 0.4 sections that 0.3 files never have
 _V04_SECTIONS = ("configs", "n-shot", "group_subtasks", "groups", "higher_is_better", "n-samples")
-_SECRET_KEY = re.compile(r"token|api[_-]?key|secret|passw|credential|auth", re.IGNORECASE)
+# a key that names a credential (token, hf_token, api_key, client_secret, password), not one
+# that merely holds the word (max_new_tokens, tokenizer)
+_SECRET_KEY = re.compile(
+    r"(?:^|[_-])(?:token|api[_-]?key|apikey|secret|password|passwd|credentials?)$", re.IGNORECASE
+)
+_NOT_A_SECRET = {"", "true", "false", "none", "null"}
 _URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 _STDERR = "_stderr"
 
@@ -304,13 +310,34 @@ def _arg_entries(value: object) -> list[tuple[str, str]]:
     return [
         (k.strip(), _without_userinfo(v.strip()) or "")
         for k, v in entries
-        if not _SECRET_KEY.search(k)
+        if not _is_secret(k.strip(), v.strip())
     ]
 
 
+def _is_secret(key: str, value: object) -> bool:
+    """An entry that holds a credential: its key names one and its value is text, not a
+    switch (``use_auth_token=True``, ``add_bos_token=False`` are settings)."""
+    return (
+        bool(_SECRET_KEY.search(key))
+        and isinstance(value, str)
+        and value.strip().lower() not in _NOT_A_SECRET
+    )
+
+
 def canonical_json(value: object) -> str:
-    """One spelling of a JSON value: keys sorted, no spaces."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """One spelling of a JSON value: keys sorted, no spaces; an entry whose key names a
+    credential left out."""
+    return json.dumps(
+        _without_secret_keys(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def _without_secret_keys(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _without_secret_keys(v) for k, v in value.items() if not _is_secret(str(k), v)}
+    if isinstance(value, list):
+        return [_without_secret_keys(v) for v in value]
+    return value
 
 
 def _gen_kwargs(value: object) -> str | None:
