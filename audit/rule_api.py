@@ -125,9 +125,11 @@ _SUBJECT_NAMES = (
     "dataset_digest",
     "run_dir",
     "experiment",
+    "model",
+    "evaluated_model",
+    "entry_point",
     "base_model",
     "team",
-    "evaluated_model",
 )
 
 

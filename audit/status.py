@@ -55,6 +55,10 @@ def warehouse_status(wh: Warehouse) -> dict:
             "tags": wh.scalar("SELECT count(*) FROM tags"),
             "metric_points": wh.scalar("SELECT count(*) FROM metrics"),
             "dataset_inputs": wh.scalar("SELECT count(*) FROM dataset_inputs"),
+            "eval_results": wh.scalar("SELECT count(*) FROM eval_results"),
+            "eval_runs": wh.scalar(
+                "SELECT count(*) FROM (SELECT DISTINCT source_id, run_id FROM eval_results)"
+            ),
         },
         "first_run": first,
         "last_run": last,

@@ -50,7 +50,12 @@ def lookalike_metrics(
         for row in ctx.rows(
             """
             WITH keys AS (  -- each name tested once: 3 M rows hold a few hundred names
-                SELECT key, count(*) AS runs FROM latest_metrics GROUP BY key
+                SELECT key, count(*) AS runs FROM latest_metrics m
+                WHERE NOT EXISTS (  -- an evaluation's metrics are no training series
+                    SELECT 1 FROM tags t WHERE t.source_id = m.source_id
+                      AND t.run_id = m.run_id AND t.key = 'audit.kind' AND t.value = 'evaluation'
+                )
+                GROUP BY key
             )
             SELECT key, runs FROM keys
             WHERE list_has_any(regexp_split_to_array(lower(key), '[^a-z0-9]+'), ?)

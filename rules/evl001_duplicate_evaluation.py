@@ -64,21 +64,26 @@ class DuplicateEvaluation(Rule):
                 unnamed.append(run)
                 continue
             suite = tuple(sorted({(e.task, e.settings) for e in evals}))
-            groups.setdefault((evals[0].model_identity, suite), []).append(run)
+            groups.setdefault((evals[0].model_identity, suite), []).append((run, evals))
         if unnamed and any(ctx.window.contains(r.start_time) for r in unnamed):
             keys = ", ".join(ctx.config.values["attribution"]["evaluated_model_keys"])
             ctx.note(
                 f"{len(unnamed)} evaluation run(s) name no evaluated model ({keys}, or "
                 f"lm-eval's model_args pretrained=): e.g. {unnamed[0].name!r}"
             )
-        for (model, suite), runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
-            runs.sort(key=lambda r: (r.start_time is None, r.start_time, r.run_id))
-            original, *duplicates = runs
-            duplicates = [r for r in duplicates if ctx.window.contains(r.start_time)]
+        for (model, suite), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
+            members.sort(key=lambda m: (m[0].start_time is None, m[0].start_time, m[0].run_id))
+            (original, first), *later = members
+            # a task hash that both recorded and that differs is another task config
+            duplicates = [
+                run
+                for run, evals in later
+                if ctx.window.contains(run.start_time) and _same_hashes(first, evals)
+            ]
             if duplicates:
-                yield self._finding(model, suite, original, duplicates)
+                yield self._finding(model, suite, original, duplicates, found.label_of(model))
 
-    def _finding(self, model: tuple, suite: tuple, original, duplicates):
+    def _finding(self, model: tuple, suite: tuple, original, duplicates, shown: str):
         known = [r for r in duplicates if r.cost.known]
         unknown = [r for r in duplicates if not r.cost.known]
         gpu_hours = sum(r.cost.gpu_hours for r in known) if known else None
@@ -93,7 +98,6 @@ class DuplicateEvaluation(Rule):
             hours = sum(r.run_hours or 0 for r in unknown)
             formula += f"; {len(unknown)} repeat(s) of unknown GPU count: {hours:.2f} run-hours"
         name, revision, adapter = model
-        shown = adapter or name
         tasks = [task for task, _settings in suite]
         digest = hashlib.sha1(repr(suite).encode()).hexdigest()[:8]
         return self.finding(
@@ -140,3 +144,8 @@ class DuplicateEvaluation(Rule):
             method=duplicates[0].method,
             happened_at=duplicates[0].start_time,
         )
+
+
+def _same_hashes(first: list, other: list) -> bool:
+    by_task = {e.task: e for e in first}
+    return all(e.same_hash(by_task[e.task]) for e in other if e.task in by_task)

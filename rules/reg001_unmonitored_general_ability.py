@@ -151,7 +151,7 @@ class UnmonitoredGeneralAbility(Rule):
                 continue
             tasks = sorted({e.task for e in evaluations})
             name, revision, adapter = model
-            shown = adapter or name
+            shown = found.label_of(model)
             first = min(evaluations, key=lambda e: (e.run.start_time is None, e.run.start_time))
             yield self.finding(
                 subject={"model": shown},

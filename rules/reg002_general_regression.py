@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from audit.facts.evaluations import headline_tasks
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
 from ._metrics import cost_after_crossing, crossing_point, general_values
@@ -21,8 +22,11 @@ class GeneralRegression(Rule):
     Evaluations recorded apart from training are compared too, wherever each was recorded
     (lm-eval results files, evaluation runs: `audit.facts.evaluations`): a fine-tuned model's
     evaluation against its base model's on the same general-ability task and settings
-    (n-shot, limit, task version, chat template, generation kwargs), metric by metric,
-    each read in the direction the evaluation tool recorded (`higher_is_better`). The base
+    (n-shot, limit, task version and hash, chat template, generation kwargs), on the
+    task's headline metric (acc_norm for hellaswag and arc, acc for mmlu and winogrande,
+    strict exact match for gsm8k …; a group's aggregate rather than its subtasks), read in
+    the direction the evaluation tool recorded (`higher_is_better`); the tolerance is
+    absolute for metrics on a 0-1 scale and relative (× the base's value) for others. The base
     is the fine-tune's training run's base model, an adapter's `pretrained=` model, or by
     the hub convention `<name>-Instruct`/`-it`/`-chat` → `<name>`. Such a finding claims no
     waste: the fine-tune's training run (when imported) is at risk of being redone.
@@ -124,29 +128,35 @@ class GeneralRegression(Rule):
             for key in sorted(set(mine) & set(theirs)):
                 task, settings = key
                 ours, reference = mine[key], theirs[key]
-                if not ours.general or not ctx.window.contains(ours.run.start_time):
+                if (
+                    not ours.general
+                    or not ours.same_hash(reference)
+                    or not ctx.window.contains(ours.run.start_time)
+                ):
                     continue
-                for result_key in sorted(set(ours.results) & set(reference.results)):
-                    metric, lm_filter = result_key
-                    now, before = ours.results[result_key], reference.results[result_key]
-                    direction = found.direction(
-                        metric, now if now.higher_is_better is not None else before
-                    )
-                    if direction is None:
-                        unknown.add(f"{task}/{metric}")
-                        continue
-                    compared += 1
-                    gain = direction.improvement(before.value, now.value)
-                    if gain < -tolerance:
-                        label = f"{task} {metric}" + (f",{lm_filter}" if lm_filter else "")
-                        drops[label] = {
-                            "base": round(before.value, 4),
-                            "fine_tuned": round(now.value, 4),
-                            "change": round(now.value - before.value, 4),
-                            "better": direction.word,
-                            "direction_from": direction.source,
-                            "settings": dict(settings),
-                        }
+                headline = ours.primary
+                if headline is None or headline not in reference.results:
+                    continue
+                metric, lm_filter = headline
+                now, before = ours.results[headline], reference.results[headline]
+                recorded = now if now.higher_is_better is not None else before
+                direction = found.direction(metric, recorded)
+                if direction is None:
+                    unknown.add(f"{task}/{metric}")
+                    continue
+                compared += 1
+                allowed = _allowed(tolerance, before.value, now.value)
+                if direction.improvement(before.value, now.value) < -allowed:
+                    label = f"{task} {metric}" + (f",{lm_filter}" if lm_filter else "")
+                    drops[label] = {
+                        "base": round(before.value, 4),
+                        "fine_tuned": round(now.value, 4),
+                        "change": round(now.value - before.value, 4),
+                        "better": direction.word,
+                        "direction_from": direction.source,
+                        "allowed_drop": round(allowed, 4),
+                        "settings": dict(settings),
+                    }
             if drops:
                 yield self._evaluation_finding(found, model, base, mine, drops, compared, tolerance)
         if unknown:
@@ -157,7 +167,8 @@ class GeneralRegression(Rule):
 
     def _evaluation_finding(self, found, model, base, mine, drops, compared, tolerance):
         name, revision, adapter = model
-        shown = adapter or name
+        shown = found.label_of(model)
+        base_shown = found.label_of(base)
         worst_label, worst = min(
             drops.items(),
             key=lambda kv: kv[1]["change"] * (1 if kv[1]["better"] == "higher" else -1),
@@ -190,9 +201,9 @@ class GeneralRegression(Rule):
         more = f"; {len(drops)} general metrics regressed" if len(drops) > 1 else ""
         first = min(mine.values(), key=lambda e: (e.run.start_time is None, e.run.start_time))
         return self.finding(
-            subject={"model": shown, "base_model": base[0]},
+            subject={"model": shown, "base_model": base_shown},
             message=(
-                f"{shown!r} lost general ability against its base {base[0]!r}: {worst_label} "
+                f"{shown!r} lost general ability against its base {base_shown!r}: {worst_label} "
                 f"{worst['base']:.4f} → {worst['fine_tuned']:.4f} ({worst['change']:+.4f}; "
                 f"{worst['better']} is better, tolerance {tolerance:g}, same task and "
                 f"settings){more}"
@@ -267,10 +278,23 @@ class GeneralRegression(Rule):
 
 
 def _latest_by_identity(evals: list) -> dict[tuple, object]:
-    """A model's evaluations by (task, settings): the latest of each."""
+    """A model's evaluations by (task, settings), without the subtasks of a group it was
+    evaluated on: the latest of each."""
+    by_run: dict[tuple, list] = {}
+    for evaluation in evals:
+        by_run.setdefault(evaluation.run.key, []).append(evaluation)
+    kept = [e for run_evals in by_run.values() for e in headline_tasks(run_evals)]
     out: dict[tuple, object] = {}
     for evaluation in sorted(
-        evals, key=lambda e: (e.run.start_time is not None, e.run.start_time or 0)
+        kept, key=lambda e: (e.run.start_time is not None, e.run.start_time or 0)
     ):
         out[(evaluation.task, evaluation.settings)] = evaluation
     return out
+
+
+def _allowed(tolerance: float, base: float, now: float) -> float:
+    """The tolerated drop: absolute on a 0-1 scale (accuracies), relative to the base's
+    value on any other (a perplexity, a 0-100 score)."""
+    if 0 <= base <= 1 and 0 <= now <= 1:
+        return tolerance
+    return tolerance * abs(base)

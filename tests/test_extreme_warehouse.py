@@ -189,6 +189,22 @@ def extreme(tmp_path_factory, demo_db) -> dict:
         json.dumps({"global_step": 2**62, "log_history": history, "best_metric": 1e308})
     )
     _tensorboard_run(work / "tensorboard" / ("run-" + PATH_CONTROL.replace("/", "_")))
+    # an lm-eval results file: control characters in names, extreme numbers, the last date
+    evals = work / "evals" / ("eval-" + PATH_CONTROL.replace("/", "_"))
+    evals.mkdir(parents=True)
+    task = {"acc," + CONTROL: 1e308, "acc_stderr," + CONTROL: -1e308, "x,none": float("inf")}
+    (evals / "results_9999-12-31T23-59-59.json").write_text(
+        json.dumps(
+            {
+                "results": {CONTROL: task, "t": {"acc,none": -1e308, "n,none": 2**70}},
+                "versions": {CONTROL: CONTROL},
+                "n-shot": {CONTROL: 2**62},
+                "config": {"model_args": {"pretrained": CONTROL, "n": 2**80}, "limit": 1e308},
+                "date": 253402300799.0,
+                "total_evaluation_time_seconds": "1e308",
+            }
+        )
+    )
     return {"db": db, "work": work, "config": demo_db["config"], "scratch": demo_db["scratch"]}
 
 
@@ -266,6 +282,7 @@ def _variants(work: Path, scratch: Path) -> dict[str, list[tuple[str, ...]]]:
         "ingest wandb": [(str(SAMPLE / "wandb"),)],
         "ingest trainer-logs": [(str(work / "trainer"),)],
         "ingest tensorboard": [(str(work / "tensorboard"),)],
+        "ingest evals": [(str(work / "evals"),)],
     }
 
 
@@ -375,8 +392,12 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     con.execute("ALTER TABLE gpu_samples_v8 RENAME TO gpu_samples")
     con.execute(f"UPDATE gpu_samples SET ts = {OUT_OF_RANGE[1]} WHERE rowid < 10")
     con.execute(f"UPDATE checkpoints SET mtime = {OUT_OF_RANGE[0]} WHERE rowid = 0")
-    # as the version before the clean-up (V8) left it: without the later tables (V9)
+    # as the version before the clean-up (V8) left it: without the later tables (V9, V11)
+    # and columns (V12)
     con.execute("DROP TABLE report_models")
+    con.execute("DROP TABLE eval_results")
+    con.execute("ALTER TABLE findings DROP COLUMN risk_gpu_hours")
+    con.execute("ALTER TABLE findings DROP COLUMN material")
     con.execute(
         "UPDATE audit_meta SET value = ? WHERE key = 'schema_version'",
         [str(MIGRATIONS.index(V8))],

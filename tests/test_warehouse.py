@@ -40,6 +40,7 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "prune_log",
             "run_files",
             "report_models",
+            "eval_results",
         }
 
 

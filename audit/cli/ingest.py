@@ -334,3 +334,38 @@ def ingest_tensorboard(app: AppContext, paths, skip_bad) -> None:
         )
     _report_skipped(summary)
     click.echo(safe(summary.line()))
+
+
+@ingest.command("evals")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option(
+    "--skip-bad",
+    is_flag=True,
+    help="Import the readable files and list the unreadable ones (default: stop at the first, "
+    "write nothing).",
+)
+@pass_app
+def ingest_evals(app: AppContext, paths, skip_bad) -> None:
+    """Import evaluation results: lm-evaluation-harness results JSON (0.3 and 0.4).
+
+    PATH is a results file or a folder searched for *.json files. One run per file (its id
+    is the hash of the bytes: a copy is the same run), with the settings as params, each
+    value as a metric named as lm-eval's W&B logger names it, and each value with its
+    n-shot, stderr, direction and task version in eval_results. Leaderboard CSVs and other
+    JSON files in a folder are skipped with a note; a file cut short is exit 2 naming the
+    byte where its JSON breaks.
+
+    \b
+    Example:
+      audit ingest evals results/meta-llama__Llama-3.1-8B-Instruct/
+      audit ingest evals --skip-bad eval-outputs/
+    """
+    from audit.importers.evals import import_evals
+
+    config = app.config
+    with app.warehouse(create=True) as wh:
+        summary = import_evals(
+            wh, _paths(paths), config, skip_bad, ProgressReporter("importing evaluation results")
+        )
+    _report_skipped(summary)
+    click.echo(safe(summary.line()))

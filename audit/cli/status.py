@@ -70,6 +70,11 @@ def status(app: AppContext) -> None:
         f"metric points {count(totals['metric_points'])}, "
         f"dataset inputs {count(totals['dataset_inputs'])}"
     )
+    if totals["eval_results"]:
+        click.echo(
+            f"evaluation results {count(totals['eval_results'])} "
+            f"from {count(totals['eval_runs'])} evaluation runs"
+        )
     if report["first_run"]:
         click.echo(f"runs started between {report['first_run']} and {report['last_run']} (UTC)")
     if report["runs_by_status"]:

@@ -97,11 +97,12 @@ LM_EVAL_METRICS = frozenset(
         "llm_judge",
     }
 )
+# A task's task hash is written only with --log_samples: an evaluation without one is not
+# a different evaluation, so the hash is compared only where both have it (``Evaluation``)
 SETTING_KEYS = (
     "n_shot",
     "limit",
     "task_version",
-    "task_hash",
     "chat_template",
     "system_instruction",
     "fewshot_as_multiturn",
@@ -120,6 +121,29 @@ LEARNING_RATE_KEYS = ("learning_rate", "*.learning_rate", "lr", "*.lr", "*_lr")
 # what the training series of [metrics] are called (a loss, a reward, a KL): a run that
 # logs one trains
 TRAINING_SERIES = ("loss", "grad_norm", "kl", "reward", "entropy")
+# A task's headline metric, first present wins (the Open LLM Leaderboard's choices:
+# acc_norm for hellaswag and arc, acc for mmlu and winogrande, strict exact match for
+# gsm8k, prompt-level strict accuracy for ifeval, pass@1 for code); filters likewise
+PRIMARY_METRICS = (
+    "acc_norm",
+    "acc",
+    "exact_match",
+    "prompt_level_strict_acc",
+    "inst_level_strict_acc",
+    "pass@1",
+    "pass_at_1",
+    "mc2",
+    "f1",
+    "em",
+    "llm_judge",
+    "bleu",
+    "chrf",
+    "rougeL",
+    "word_perplexity",
+    "perplexity",
+    "bits_per_byte",
+)
+PRIMARY_FILTERS = ("strict-match", "none", "", "flexible-extract")
 _HUB_SUFFIX = re.compile(r"[-_](?:instruct|it|chat)$", re.IGNORECASE)
 _KEY_WITH_FILTER = re.compile(r"^(?:(?P<task>.+)/)?(?P<metric>[^/,]+),(?P<filter>[^/,]+)$")
 
@@ -143,6 +167,27 @@ class Evaluation:
     source: str = ""  # results file | tracker run | evaluation run | training run
     general: bool = False
     at: datetime | None = None
+    task_hash: str | None = None  # recorded only with --log_samples: None is unknown
+    is_group: bool = False  # an aggregate of subtasks (mmlu over its 57)
+    label: str | None = None  # the model as the source spelled it, for messages
+
+    @property
+    def primary(self) -> tuple[str, str] | None:
+        """The task's headline (metric, filter): ``PRIMARY_METRICS`` then
+        ``PRIMARY_FILTERS``; a single result is its own headline."""
+        if len(self.results) == 1:
+            return next(iter(self.results))
+        for metric in PRIMARY_METRICS:
+            for lm_filter in (*PRIMARY_FILTERS, *sorted(f for m, f in self.results if m == metric)):
+                if (metric, lm_filter) in self.results:
+                    return metric, lm_filter
+        return None
+
+    def same_hash(self, other: Evaluation) -> bool:
+        """Whether the task hashes do not tell the two apart (one unknown, or equal)."""
+        return (
+            self.task_hash is None or other.task_hash is None or self.task_hash == other.task_hash
+        )
 
     @property
     def model_identity(self) -> tuple:
@@ -285,6 +330,10 @@ class Evaluations:
         )
 
     def _model_of(self, values: dict[str, str]) -> tuple[str | None, str | None, str | None]:
+        model, revision, adapter, _label = self._model_and_label(values)
+        return model, revision, adapter
+
+    def _model_and_label(self, values: dict[str, str]) -> tuple:
         args = parse_model_args(values.get("model_args"))
         model = (
             args.get("pretrained")
@@ -301,7 +350,8 @@ class Evaluations:
         )
         revision = args.get("revision") or values.get("model_revision") or values.get("model_sha")
         adapter = args.get("peft") or values.get("peft")
-        return normalise_model(model), revision or None, normalise_model(adapter)
+        label = (adapter or model or "").strip() or None
+        return normalise_model(model), revision or None, normalise_model(adapter), label
 
     def _from_results_table(self, con, params: dict) -> None:
         exists = con.execute(
@@ -312,7 +362,7 @@ class Evaluations:
         rows = con.execute(
             """
             SELECT source_id, run_id, task, metric, filter, value, stderr, higher_is_better,
-                   n_shot, limit_n, task_version, task_hash, gen_kwargs
+                   n_shot, limit_n, task_version, task_hash, gen_kwargs, is_group
             FROM eval_results WHERE value IS NOT NULL AND isfinite(value)
             ORDER BY source_id, run_id, task, metric, filter
             """
@@ -320,18 +370,17 @@ class Evaluations:
         grouped: dict[tuple, Evaluation] = {}
         for row in rows:
             source_id, run_id, task, metric, lm_filter, value, stderr, better = row[:8]
-            n_shot, limit, version, task_hash, gen_kwargs = row[8:]
+            n_shot, limit, version, task_hash, gen_kwargs, is_group = row[8:]
             run = self.facts.run(source_id, run_id)
             if run is None:
                 continue
             self.evaluation_runs.add(run.key)
             values = params.get(run.key, {})
-            model, revision, adapter = self._model_of(values)
+            model, revision, adapter, label = self._model_and_label(values)
             settings = _settings(
                 n_shot=n_shot,
                 limit=limit,
                 task_version=version,
-                task_hash=task_hash,
                 chat_template=values.get("chat_template"),
                 system_instruction=values.get("system_instruction"),
                 fewshot_as_multiturn=values.get("fewshot_as_multiturn"),
@@ -349,9 +398,12 @@ class Evaluations:
                     source="results file",
                     general=self.is_general(task),
                     at=run.start_time,
+                    task_hash=task_hash or None,
+                    label=label,
                 )
                 self.all.append(grouped[key])
             grouped[key].results[(metric, lm_filter or "")] = Result(value, better, stderr)
+            grouped[key].is_group = grouped[key].is_group or bool(is_group)
 
     def _from_tracker_runs(self, con, params: dict) -> None:
         """lm-eval runs in trackers, the team's evaluation runs, and eval series of
@@ -392,7 +444,7 @@ class Evaluations:
                 self._add_training_evals(run, metrics)
 
     def _add_tracker(self, run, values, metrics, parsed, source: str) -> None:
-        model, revision, adapter = self._model_of(values)
+        model, revision, adapter, label = self._model_and_label(values)
         settings = _settings(
             n_shot=values.get("num_fewshot"),
             limit=values.get("limit"),
@@ -417,6 +469,7 @@ class Evaluations:
                     source=source,
                     general=self.is_general(task),
                     at=run.start_time,
+                    label=label,
                 )
                 self.all.append(evaluation)
             evaluation.results[(metric, lm_filter)] = Result(metrics[key])
@@ -534,6 +587,13 @@ class Evaluations:
     def evaluations_of(self, model_identity: tuple) -> list[Evaluation]:
         return self._by_model.get(model_identity, [])
 
+    def label_of(self, model_identity: tuple) -> str:
+        """The model as its evaluations spelled it (matching is case-insensitive)."""
+        for evaluation in self._by_model.get(model_identity, []):
+            if evaluation.label:
+                return evaluation.label
+        return model_identity[2] or model_identity[0] or "?"
+
     def models(self) -> list[tuple]:
         return sorted(self._by_model, key=lambda m: tuple(str(p) for p in m))
 
@@ -579,3 +639,14 @@ def _run_values(con, facts: Facts, keys: list[str]) -> dict[tuple, dict[str, str
         if value:
             out.setdefault(facts.key_of(source_id, run_id), {})[key] = value
     return out
+
+
+def headline_tasks(evals: list[Evaluation]) -> list[Evaluation]:
+    """One run's evaluations without the subtasks of a group it evaluated too (mmlu's 57
+    subjects when mmlu itself is there): the group's aggregate is what is compared."""
+    groups = [e.task for e in evals if e.is_group]
+    return [
+        e
+        for e in evals
+        if not any(e.task != g and e.task.startswith((g + "_", g + "-")) for g in groups)
+    ]

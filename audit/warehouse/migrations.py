@@ -372,11 +372,33 @@ SELECT s.host, s.gpu, r.ts, r.util_pct, r.mem_used_mib, r.mem_total_mib, r.power
 FROM gpu_readings r JOIN gpu_series s USING (series);
 """
 
+# Evaluation results files (audit ingest evals): each value of a results file with what the
+# file records about its setting, beside the run the file is (audit.importers.evals).
+V11 = """
+CREATE TABLE eval_results (
+    source_id VARCHAR NOT NULL,
+    run_id VARCHAR NOT NULL,
+    task VARCHAR NOT NULL,
+    metric VARCHAR NOT NULL,
+    filter VARCHAR NOT NULL,             -- lm-eval's filter ('none', 'strict-match'); '' in 0.3
+    value DOUBLE NOT NULL,               -- finite
+    stderr DOUBLE,
+    higher_is_better BOOLEAN,            -- as the file records it; NULL when it does not
+    n_shot INTEGER,
+    task_version VARCHAR,
+    task_hash VARCHAR,
+    limit_n DOUBLE,                      -- --limit: a count, or a fraction below 1
+    samples BIGINT,                      -- n-samples effective
+    is_group BOOLEAN NOT NULL,           -- a group's aggregate over its subtasks
+    gen_kwargs VARCHAR                   -- the task's generation kwargs, canonical JSON
+);
+"""
+
 # A finding's impact when it claims no waste, and whether it passed its materiality floor
 # (audit.materiality); NULL in scans stored before: listed, as they were.
-V11 = """
+V12 = """
 ALTER TABLE findings ADD COLUMN risk_gpu_hours DOUBLE;
 ALTER TABLE findings ADD COLUMN material BOOLEAN;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11]
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12]

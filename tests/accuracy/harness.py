@@ -93,6 +93,12 @@ def run_dataset(spec: dict, realdata: Path, work: Path) -> DataSetResult:
     work.mkdir(parents=True, exist_ok=True)
     db = work / "audit.duckdb"
     base = ["--db", str(db)]
+    if not spec["commands"] or all(isinstance(c, dict) and "id" in c for c in spec["commands"]):
+        # only refusals: an empty warehouse to scan all the same
+        from audit.warehouse import open_warehouse
+
+        with open_warehouse(db, create=True):
+            pass
     if spec.get("config"):
         (work / "audit.toml").write_text(spec["config"], encoding="utf-8")
         base += ["--config", str(work / "audit.toml")]
@@ -100,21 +106,35 @@ def run_dataset(spec: dict, realdata: Path, work: Path) -> DataSetResult:
         with tarfile.open(realdata / spec["unpack"]) as archive:
             archive.extractall(work, filter="data")
     runner = CliRunner()
+    refusals: list[Outcome] = []
     for command in spec["commands"]:
-        args = [a.format(realdata=realdata, work=work) for a in command]
+        # a command is a list of arguments, or {args, exit, output, id, why}: a refusal the
+        # verdicts expect (an expect verdict met when it exits so, saying so)
+        expected = command if isinstance(command, dict) else {"args": command, "exit": 0}
+        args = [a.format(realdata=realdata, work=work) for a in expected["args"]]
         result = runner.invoke(cli, base + args)
-        if result.exit_code not in (0,):
+        said = result.output  # stdout and stderr as a terminal shows them
+        if "id" in expected:
+            met = result.exit_code == expected["exit"] and all(
+                text in said for text in expected.get("output", [])
+            )
+            verdict = {"kind": "expect", "family": "IMPORT", **expected}
+            refusals.append(
+                Outcome(spec["name"], verdict, [{"exit": result.exit_code}] if met else [])
+            )
+            continue
+        if result.exit_code != expected["exit"]:
             return DataSetResult(
                 spec["name"],
                 [],
-                error=f"audit {shlex.join(args)}: exit {result.exit_code}: {result.output[-500:]}",
+                error=f"audit {shlex.join(args)}: exit {result.exit_code}: {said[-500:]}",
             )
     result = runner.invoke(cli, [*base, "scan", "--format", "json"])
     if result.exit_code not in (0, 1):
         return DataSetResult(spec["name"], [], error=f"scan: exit {result.exit_code}")
     findings = [f for f in json.loads(result.stdout)["findings"] if not f["suppressed"]]
-    out = DataSetResult(spec["name"], findings)
-    for verdict in spec["verdicts"]:
+    out = DataSetResult(spec["name"], findings, refusals)
+    for verdict in spec.get("verdicts", []):
         out.outcomes.append(
             Outcome(spec["name"], verdict, [f for f in findings if matches(verdict, f)])
         )
