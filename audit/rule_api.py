@@ -377,6 +377,7 @@ class RuleContext:
     # facts several rules derive the same way, computed once per scan; keyed by the
     # helper and its arguments
     shared: dict[tuple, Any] = field(default_factory=dict)
+    _prices: Any = field(default=None, repr=False)
 
     def once(self, key: tuple, compute):
         if key not in self.shared:
@@ -413,10 +414,13 @@ class RuleContext:
 
     @property
     def prices(self):
-        """GPU prices by card (``audit.facts.prices``), built once per scan."""
+        """GPU prices by card (``audit.facts.prices``): a small table, built per rule (it is
+        no shared computation a later rule waits for)."""
         from audit.facts.prices import Prices
 
-        return self.once(("prices",), lambda: Prices(self.config))
+        if self._prices is None:
+            self._prices = Prices(self.config)
+        return self._prices
 
     @property
     def storage_price(self) -> float:

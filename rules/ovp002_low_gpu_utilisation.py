@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.usage import Unjudged
 
-from ._usage import evidence, judged, smaller_card
+from ._usage import cards_seen, evidence, judged, smaller_card
 
 
 class LowGpuUtilisation(Rule):
@@ -48,7 +48,7 @@ class LowGpuUtilisation(Rule):
     name = "low-gpu-utilisation"
     severity = Severity.MEDIUM
     family_label = "over-provisioning"
-    reads_shared = frozenset({"facts", "usage", "prices", "cards seen"})
+    reads_shared = frozenset({"facts", "usage", "cards seen"})
     thresholds = {
         "max_mean_util_pct": Threshold(
             25.0, "flag jobs at or below this mean utilisation (JDS: 25 %)", 0, 100, "%"
@@ -64,6 +64,7 @@ class LowGpuUtilisation(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
+        cards_seen(ctx)  # the smaller cards any job here could have had (read once)
         limit, idle = t["max_mean_util_pct"], t["idle_util_pct"]
         unjudged = Unjudged()
         for alloc, use in judged(ctx, t["min_job_minutes"]):
@@ -101,6 +102,11 @@ class LowGpuUtilisation(Rule):
                 gpu_hours, usd, formula, fit = saving
                 severity = self.severity
                 instead = f"; {fit.label} would have served it"
+                if use.per_gpu is None:
+                    formula += (
+                        "; from the maximum utilisation (an upper bound of the mean): the "
+                        "saving is a lower bound"
+                    )
             yield self.finding(
                 subject=alloc.subject,
                 message=(

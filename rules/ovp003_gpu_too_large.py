@@ -3,7 +3,7 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.rule_registry import effective_thresholds, get_rule
 
-from ._usage import evidence, judged, smaller_card
+from ._usage import cards_seen, evidence, judged, smaller_card
 
 MIB_PER_GB = 1e9 / 2**20
 
@@ -45,7 +45,7 @@ class GpuTooLarge(Rule):
     name = "gpu-too-large"
     severity = Severity.INFO
     family_label = "over-provisioning"
-    reads_shared = frozenset({"facts", "usage", "prices", "cards seen"})
+    reads_shared = frozenset({"facts", "usage", "cards seen"})
     thresholds = {
         "max_memory_pct": Threshold(
             25.0, "peak memory below this share of capacity (when known)", 0, 100, "%"
@@ -67,6 +67,7 @@ class GpuTooLarge(Rule):
 
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
+        cards_seen(ctx)  # the smaller cards any job here could have had (read once)
         low = effective_thresholds(get_rule("OVP002"), ctx.config)
         for alloc, use in judged(ctx, t["min_job_minutes"]):
             util = use.mean_util if use.mean_util is not None else use.util_ceiling
