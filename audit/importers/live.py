@@ -196,10 +196,7 @@ def _parse_tail(path: Path, tail: _Tail, config: Config):
     with open(path, "rb") as fh:
         fh.seek(tail.start)
         body = fh.read(tail.end - tail.start)
-    if tail.start == 0:
-        content = body
-    else:
-        content = tail.head.encode("utf-8") + body
+    content = body if tail.start == 0 else tail.head.encode("utf-8") + body
     with tempfile.TemporaryDirectory(prefix="audit-follow-") as folder:
         piece = Path(folder) / path.name
         piece.write_bytes(content)

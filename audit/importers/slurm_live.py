@@ -39,7 +39,6 @@ from audit.importers.slurm import (
     _json_text,
     _json_time,
     _json_whole,
-    parse_hostlist,
 )
 from audit.importers.text import describe
 
