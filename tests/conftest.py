@@ -130,8 +130,12 @@ def imported(server, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    """A real single-node Slurm (tests/slurm_cluster.py), one per test session."""
+def slurm():
+    """A real single-node Slurm (tests/slurm_cluster.py), one per test session. Its folder
+    is not under pytest's (mode 700): munged wants every folder above its socket
+    world-executable."""
+    import tempfile
+
     from tests.slurm_cluster import DEBIAN_PACKAGES, missing_programs, slurm_cluster
 
     missing = missing_programs()
@@ -144,5 +148,9 @@ def slurm(tmp_path_factory):
         if os.environ.get("CI"):  # .ci/run installs them: a missing one is a failure there
             pytest.fail(f"real Slurm: {why}")
         pytest.skip(f"real Slurm: {why}")
-    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
-        yield cluster
+    root = Path(tempfile.mkdtemp(prefix="audit-slurm-"))
+    try:
+        with slurm_cluster(root) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -350,7 +350,9 @@ def slurm_cluster(root: Path, partitions: dict[str, str] | None = None):
         _wait(lambda: _port_open(ports["mysql"]), "MariaDB", 30, logs)
         env = cluster.env
         cluster.processes.append(
-            subprocess.Popen(["slurmdbd", "-D"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                ["slurmdbd", "-D"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+            )
         )
         _wait(lambda: _port_open(ports["slurmdbd"]), "slurmdbd", 30, logs)
         subprocess.run(["slurmctld", "-f", str(cluster.conf)], env=env, check=True)

@@ -98,7 +98,10 @@ def import_live_jobs(wh, live: LiveJobs, config: Config) -> FileImportSummary:
         summary.rows_read = live.jobs.height
         summary.seconds = time.monotonic() - started
         log_file_imports(
-            con, "slurm-live", [(live.layout, live.jobs.height, summary.rows_written, 0)], summary.seconds
+            con,
+            "slurm-live",
+            [(live.layout, live.jobs.height, summary.rows_written, 0)],
+            summary.seconds,
         )
     return summary
 
@@ -151,7 +154,9 @@ def follow_files(wh, paths: list[Path], config: Config) -> FileImportSummary:
                 continue
             parsed = _parse_tail(path, tail, config)
             batch.add(
-                parsed.samples.with_columns(pl.col("host", "gpu", "model", "origin").cast(pl.Categorical))
+                parsed.samples.with_columns(
+                    pl.col("host", "gpu", "model", "origin").cast(pl.Categorical)
+                )
             )
             summary.rows_read += parsed.rows_read
             summary.notes.extend(parsed.notes)
@@ -162,7 +167,9 @@ def follow_files(wh, paths: list[Path], config: Config) -> FileImportSummary:
                 [tail.location, tail.end, tail.head, now_utc()],
             )
         batch.flush()
-        summary.rows_written = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before
+        summary.rows_written = (
+            con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before
+        )
         summary.seconds = time.monotonic() - started
         log_file_imports(con, "gpu-live", logged, summary.seconds)
     return summary
@@ -225,7 +232,9 @@ def scrape_endpoints(wh, urls: list[str], config: Config, timeout: float) -> Fil
         if len(content) > MAX_ANSWER_BYTES:
             raise SourceError(f"{url}: answer larger than {MAX_ANSWER_BYTES >> 20} MiB")
         try:
-            parsed = read_exposition_text(url, content.decode("utf-8", "replace"), urlparse(url).hostname, at)
+            parsed = read_exposition_text(
+                url, content.decode("utf-8", "replace"), urlparse(url).hostname, at
+            )
         except InputError as exc:
             raise SourceError(str(exc)) from None
         frames.append(parsed.samples)
@@ -236,7 +245,9 @@ def scrape_endpoints(wh, urls: list[str], config: Config, timeout: float) -> Fil
         if samples is not None and samples.height:
             before = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
             batch = SampleBatch(con, stored_spans(con))
-            batch.add(samples.with_columns(pl.col("host", "gpu", "model", "origin").cast(pl.Categorical)))
+            batch.add(
+                samples.with_columns(pl.col("host", "gpu", "model", "origin").cast(pl.Categorical))
+            )
             batch.flush()
             summary.rows_written = (
                 con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] - before

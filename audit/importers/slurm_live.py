@@ -69,7 +69,9 @@ def read_live_jobs(
     seen_at = seen_at or datetime.now(UTC).replace(tzinfo=None)
     jobs = document.get("jobs") if isinstance(document, dict) else None
     if not isinstance(jobs, list):
-        raise InputError(f'{label}: expected an object with a list of "jobs", got {describe(document)}')
+        raise InputError(
+            f'{label}: expected an object with a list of "jobs", got {describe(document)}'
+        )
     rows, node_rows, gpu_rows, holding = [], [], [], set()
     for index, job in enumerate(jobs):
         shown = job.get("job_id") if isinstance(job, dict) else None
@@ -90,7 +92,9 @@ def read_live_jobs(
     return LiveJobs(
         jobs=pl.DataFrame(rows, schema=JOB_SCHEMA) if rows else pl.DataFrame(schema=JOB_SCHEMA),
         nodes=pl.DataFrame(
-            node_rows, schema={"cluster": pl.String, "job_id": pl.String, "host": pl.String}, orient="row"
+            node_rows,
+            schema={"cluster": pl.String, "job_id": pl.String, "host": pl.String},
+            orient="row",
         ),
         gpus=pl.DataFrame(gpu_rows, schema=GPU_SCHEMA, orient="row"),
         seen_at=seen_at,
@@ -100,7 +104,9 @@ def read_live_jobs(
 
 
 def _layout(document: dict) -> str:
-    plugin = document.get("meta", {}).get("plugin", {}) if isinstance(document.get("meta"), dict) else {}
+    plugin = (
+        document.get("meta", {}).get("plugin", {}) if isinstance(document.get("meta"), dict) else {}
+    )
     if isinstance(plugin, dict):
         for key in ("data_parser", "type"):
             if isinstance(plugin.get(key), str) and plugin[key]:

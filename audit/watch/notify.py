@@ -83,4 +83,8 @@ class Notifier:
         for server in sender:  # bounded: a mail server that stalls must not stall the watch
             server.socket_connect_timeout = self.timeout
             server.socket_read_timeout = self.timeout
-        return None if sender.notify(title=title, body=body) else f"sending to {recipient.label} failed"
+        return (
+            None
+            if sender.notify(title=title, body=body)
+            else f"sending to {recipient.label} failed"
+        )

@@ -206,7 +206,12 @@ def judge_idle(
         return
     frame = pl.DataFrame(
         allocation,
-        schema={"job_id": pl.String, "host": pl.String, "gpu": pl.String, "since": pl.Datetime("us")},
+        schema={
+            "job_id": pl.String,
+            "host": pl.String,
+            "gpu": pl.String,
+            "since": pl.Datetime("us"),
+        },
         orient="row",
     )
     per_gpu = _idle_rows(con, frame, now, policy.util_pct)
