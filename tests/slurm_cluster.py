@@ -31,7 +31,7 @@ import signal
 import socket
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,10 +138,8 @@ class SlurmCluster:
             while time.monotonic() < deadline and any(_alive(p) for p in [*pids, *self._stray()]):
                 time.sleep(0.1)
         for p in self.processes:
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
 
     def _stray(self) -> list[int]:
         """Live processes (other than this one) started with this cluster's SLURM_CONF."""
@@ -171,10 +169,8 @@ def _alive(pid: int) -> bool:
 
 
 def _kill(pid: int, sig: int) -> None:
-    try:
+    with suppress(OSError):
         os.kill(pid, sig)
-    except OSError:
-        pass
 
 
 def _node_line(hostname: str) -> str:

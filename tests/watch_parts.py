@@ -98,7 +98,10 @@ class Exporter:
         self.lock = threading.Lock()
 
     def text(self) -> str:
-        lines = ["# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+        lines = [
+            "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
+            "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+        ]
         with self.lock:
             served = {g: u for g, u in self.util.items() if u is not None}
         for gpu, util in sorted(served.items()):
@@ -152,7 +155,17 @@ class WatchProcess:
         self.log = log
         handle = open(log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "audit", "--db", str(db), "--config", str(config), "watch", *args],
+            [
+                sys.executable,
+                "-m",
+                "audit",
+                "--db",
+                str(db),
+                "--config",
+                str(config),
+                "watch",
+                *args,
+            ],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**env, "AUDIT_LOCK_TIMEOUT": "60"},

@@ -28,7 +28,7 @@ from audit.importers.files import (
     log_file_imports,
     now_utc,
 )
-from audit.importers.slurm_live import LiveJobs, read_live_jobs
+from audit.importers.slurm_live import LiveJobs, read_live_jobs, reported_errors
 from audit.importers.telemetry import read_exposition_text, read_telemetry
 from audit.importers.text import load_json
 
@@ -114,6 +114,10 @@ def import_sacct_since(
     local = since.replace(tzinfo=UTC).astimezone(config.timezone)
     argv = ["sacct", "--json", "--allusers", f"--starttime={local:%Y-%m-%dT%H:%M:%S}"]
     answer = run_command(argv, timeout)
+    try:
+        reported_errors(load_json(Path(" ".join(argv)), answer), " ".join(argv))
+    except InputError as exc:
+        raise SourceError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="audit-sacct-") as folder:
         path = Path(folder) / "sacct-live.json"
         path.write_text(answer)

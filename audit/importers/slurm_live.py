@@ -67,6 +67,7 @@ def read_live_jobs(
     """Jobs of a ``squeue --json`` / ``scontrol --json show job`` document. A job that
     cannot be read is an error naming ``jobs[i] (job N)`` and the field."""
     seen_at = seen_at or datetime.now(UTC).replace(tzinfo=None)
+    reported_errors(document, label)
     jobs = document.get("jobs") if isinstance(document, dict) else None
     if not isinstance(jobs, list):
         raise InputError(
@@ -101,6 +102,19 @@ def read_live_jobs(
         layout=_layout(document),
         holding=holding,
     )
+
+
+def reported_errors(document, label: str) -> None:
+    """A Slurm client that cannot reach its daemon still exits 0 with ``--json`` and says
+    so in ``errors`` (seen with 22.05's squeue), next to an empty job list: that is no
+    answer, never "no jobs"."""
+    errors = document.get("errors") if isinstance(document, dict) else None
+    if not errors:
+        return
+    first = errors[0]
+    text_ = first.get("description") or first.get("error") if isinstance(first, dict) else first
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    raise InputError(f"{label}: Slurm reported an error: {str(text_)[:300]}{more}")
 
 
 def _layout(document: dict) -> str:

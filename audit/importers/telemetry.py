@@ -576,9 +576,7 @@ def _read_exposition(
     return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped, notes=notes)
 
 
-def read_exposition_text(
-    label: str, content: str, host: str | None, at: datetime
-) -> TelemetryFile:
+def read_exposition_text(label: str, content: str, host: str | None, at: datetime) -> TelemetryFile:
     """A dcgm-exporter ``/metrics`` answer scraped at ``at`` (``label``: its URL)."""
     return _read_exposition(Path(label), content, host, False, at)
 

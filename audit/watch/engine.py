@@ -40,8 +40,15 @@ from audit.suppressions import Suppressions
 from audit.warehouse import open_warehouse
 from audit.watch import records
 from audit.watch.messages import compose
-from audit.watch.notify import Notifier, recipients
-from audit.watch.policies import LiveFinding, Verdicts, judge_idle, judge_runs, live_jobs
+from audit.watch.notify import Notifier, Recipient, recipient_for, recipients
+from audit.watch.policies import (
+    LiveFinding,
+    Verdicts,
+    duration,
+    judge_idle,
+    judge_runs,
+    live_jobs,
+)
 from audit.watch.settings import WatchSettings
 
 SACCT_CURSOR = "sacct --json"
@@ -151,6 +158,7 @@ class Watch:
             if live is None:
                 if self.settings.slurm:
                     report.notes.append("no job list from Slurm this interval: nothing judged")
+                self._flush(wh, report)  # what earlier intervals queued still goes out
                 return report
             with one_step():
                 records.count_interval(wh, self.invocation, self.intervals + 1)
@@ -259,6 +267,7 @@ class Watch:
         for finding in findings:
             self._act(wh, finding, state[finding.key], now, report)
         self._resolve(wh, live, run_policies, found, verdicts, report)
+        self._flush(wh, report)
 
     # -- acting in steps --------------------------------------------------------------------
     def _act(
@@ -281,39 +290,34 @@ class Watch:
                 )
             report.lines.append(f"{policy.name}: {finding.message}")
         people = recipients(self.settings.notify, policy, job.user, job.team)
-        for person in people:
-            if person.label in episode.warned:
-                continue
-            title, body = compose(
-                "warn", finding, will_cancel, now + timedelta(seconds=policy.cancel_after)
+        if not people:
+            report.notes.append(
+                f"{policy.name}: job {job.job_id}: nobody to warn (no [watch.notify] recipient "
+                "for its user or team): it is never cancelled"
             )
-            if self._send(wh, finding, "warn", person, title, body, report):
-                episode.warned[person.label] = now
-        if episode.warned_at is None:
-            if not people:
-                report.notes.append(
-                    f"{policy.name}: job {job.job_id}: nobody to warn (no [watch.notify] "
-                    "recipient for its user or team): it is never cancelled"
-                )
             return
-        cancel_at = episode.warned_at + timedelta(seconds=policy.cancel_after)
-        if now < cancel_at:
+        deadline = now + timedelta(seconds=policy.cancel_after)
+        title, body = compose("warn", finding, will_cancel, deadline)
+        new = [(p.label, f"{title}\n{body}") for p in people if p.label not in episode.warned]
+        if new:
+            with one_step():
+                records.queue(wh, self.invocation, finding, "warn", new)
+        if episode.warned_at is None:
+            return  # the period runs from the first warning sent
+        if now < episode.warned_at + timedelta(seconds=policy.cancel_after):
             return
         if will_cancel:
-            if self._cancel(wh, finding, report):
-                for person in people:
-                    if person.label not in episode.reminded:
-                        title, body = compose("cancelled", finding, True, now)
-                        self._send(wh, finding, "remind", person, title, body, report)
+            self._cancel(wh, finding, episode, people, report)
             return
         what = (
             f"dry run: would cancel job {job.job_id} ({policy.name}, warned "
-            f"{(now - episode.warned_at).total_seconds() / 3600:.2f} h ago): {finding.message}"
+            f"{duration((now - episode.warned_at).total_seconds())} ago): {finding.message}"
             + ("" if policy.enforce else " [policy has enforce = false]")
             + ("" if self.enforce else " [watch runs without --enforce]")
         )
         report.lines.append(what)
         if not episode.would_cancel:
+            title, body = compose("remind", finding, False, now)
             with one_step():
                 records.record(
                     wh,
@@ -325,79 +329,79 @@ class Watch:
                     evidence=finding.evidence,
                     saved_gpu_hours=_time_left(finding, now),
                 )
-            episode.would_cancel = True
-            for person in people:
-                if person.label not in episode.reminded:
-                    title, body = compose("remind", finding, False, now)
-                    self._send(wh, finding, "remind", person, title, body, report)
+                records.queue(
+                    wh,
+                    self.invocation,
+                    finding,
+                    "remind",
+                    [
+                        (p.label, f"{title}\n{body}")
+                        for p in people
+                        if p.label not in episode.reminded
+                    ],
+                )
 
-    def _send(self, wh, finding, action: str, person, title: str, body: str, report) -> bool:
-        with one_step():
-            action_id = records.record(
-                wh,
-                self.invocation,
-                finding,
-                action,
-                "sending",
-                recipient=person.label,
-                message=body,
-            )
-            problem = self.notifier.send(person, title, body) if self.notifier else "no notifier"
-            records.set_status(wh, action_id, "failed" if problem else "sent", problem)
-        if problem:
-            report.problems.append(
-                f"{finding.policy.name}: job {finding.job.job_id}: {action} to {person.label} not "
-                f"sent ({problem}); trying again next interval"
-            )
-            return False
-        report.lines.append(
-            f"{finding.policy.name}: job {finding.job.job_id}: {action} sent to {person.label}"
-        )
-        return True
-
-    def _cancel(self, wh, finding: LiveFinding, report) -> bool:
+    def _cancel(self, wh, finding: LiveFinding, episode, people, report) -> None:
         job = finding.job
         now = now_utc()
         reason = (
             f"audit watch: cancelled by policy {finding.policy.name} ({finding.policy.kind}) "
             f"at {now:%Y-%m-%d %H:%M} UTC after a warning: {finding.message}"
         )[:1000]
+        title, body = compose("cancelled", finding, True, now)
+        notices = [(p.label, f"{title}\n{body}") for p in people if p.label not in episode.reminded]
         timeout = self.settings.command_timeout
         with one_step():
-            action_id = records.record(
-                wh,
-                self.invocation,
-                finding,
-                "cancel",
-                "cancelling",
-                message=reason,
-                evidence=finding.evidence,
-                saved_gpu_hours=_time_left(finding, now),
+            action_id = records.begin_cancel(
+                wh, self.invocation, finding, reason, _time_left(finding, now), notices
             )
             problem = None
             try:
                 if self.settings.comment_field:
+                    field = self.settings.comment_field
                     run_command(
-                        [
-                            "scontrol",
-                            "update",
-                            f"JobId={job.job_id}",
-                            f"{self.settings.comment_field}={reason}",
-                        ],
-                        timeout,
+                        ["scontrol", "update", f"JobId={job.job_id}", f"{field}={reason}"], timeout
                     )
                 run_command(["scancel", job.job_id], timeout)
             except SourceError as exc:
                 problem = str(exc)
-            records.set_status(wh, action_id, "failed" if problem else "cancelled", problem)
+            records.finish_cancel(wh, action_id, finding.key, problem)
         if problem:
             report.problems.append(
                 f"{finding.policy.name}: cancelling job {job.job_id} failed ({problem}); "
                 "trying again next interval"
             )
-            return False
+            return
         report.lines.append(f"{finding.policy.name}: cancelled job {job.job_id}: {finding.message}")
-        return True
+
+    def _flush(self, wh, report) -> None:
+        """Send every queued message (and those a failure or a stop left unsent)."""
+        urls = self._urls()
+        for action_id, policy, job_id, label, text in records.outbox(wh.con):
+            title, _, body = text.partition("\n")
+            with one_step():
+                records.set_status(wh, action_id, "sending")
+                person = _recipient_of(label, urls, self.settings)
+                problem = (
+                    self.notifier.send(person, title, body) if self.notifier else "no notifier"
+                )
+                records.set_status(wh, action_id, "failed" if problem else "sent", problem)
+            if problem:
+                report.problems.append(
+                    f"{policy}: job {job_id}: message to {label} not sent ({problem}); "
+                    "trying again next interval"
+                )
+            else:
+                report.lines.append(f"{policy}: job {job_id}: sent to {label}: {title}")
+
+    def _urls(self) -> dict[str, str]:
+        """Recorded label -> apprise URL, for every URL the config names."""
+        from audit.watch.notify import shown_url
+
+        n = self.settings.notify
+        every = [*n.urls, *n.users.values(), *n.teams.values()]
+        every += [u for policy in self.settings.policies for u in policy.notify]
+        return {shown_url(u): u for u in every if "://" in u}
 
     def _resolve(self, wh, live, run_policies, found: set[str], verdicts: Verdicts, report) -> None:
         """Close findings whose job no longer holds its allocation, or that were judged
@@ -410,6 +414,18 @@ class Watch:
                 continue
             if job_id not in live.holding:
                 states = dict(live.jobs.select("job_id", "state").iter_rows())
+                cut = records.cut_cancellation(wh.con, key)
+                if cut is not None and states.get(job_id) == "CANCELLED":
+                    with one_step():  # the stopped attempt did cancel it: its notices go out
+                        records.finish_cancel(
+                            wh,
+                            cut,
+                            key,
+                            None,
+                            "confirmed CANCELLED by Slurm after the watch stopped",
+                        )
+                    report.lines.append(f"{policy}: job {job_id} was cancelled (confirmed)")
+                    continue
                 why = f"job {job_id} ended ({states.get(job_id, 'left the job list')})"
             elif key in verdicts.cleared or (kind != "idle" and policy in ran_ok):
                 why = f"job {job_id}: no longer found by {policy}"
@@ -418,6 +434,14 @@ class Watch:
             with one_step():
                 records.resolve(wh, self.invocation, key, policy, kind, cluster, job_id, why)
             report.lines.append(f"{policy}: {why}")
+
+
+def _recipient_of(label: str, urls: dict[str, str], settings: WatchSettings) -> Recipient:
+    if label in urls:
+        return Recipient(label, urls[label])
+    if "://" in label:  # a URL no longer in the config
+        return Recipient(label, None, "no longer in [watch.notify]")
+    return recipient_for(label, settings.notify)
 
 
 def _time_left(finding: LiveFinding, now: datetime) -> float | None:

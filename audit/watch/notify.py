@@ -37,11 +37,11 @@ def recipients(
         if target in seen:
             continue
         seen.add(target)
-        out.append(_recipient(target, settings))
+        out.append(recipient_for(target, settings))
     return out
 
 
-def _recipient(target: str, settings: NotifySettings) -> Recipient:
+def recipient_for(target: str, settings: NotifySettings) -> Recipient:
     if "://" in target:
         return Recipient(shown_url(target), target)
     if not settings.email_url:

@@ -67,6 +67,15 @@ class Verdicts:
     notes: list[str] = field(default_factory=list)  # jobs not judged, and why
 
 
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``1.50 h``: a span as people read it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
 def finding_key(*parts: str) -> str:
     return hashlib.sha1("\x1f".join(parts).encode()).hexdigest()[:16]
 
@@ -140,6 +149,9 @@ def price(config: Config, job: LiveJob) -> tuple[float, str]:
 
 
 # -- idle ----------------------------------------------------------------------------------
+# Per GPU of a job: its latest sample, and the stretch observed idle up to it: the samples
+# after the last busy one (or a reading without utilisation) and from the last gap longer
+# than stale_after on (nobody knows what the GPU did in a gap).
 IDLE_SQL = """
 WITH s AS (
     SELECT a.job_id, a.host, a.gpu, g.ts, g.util_pct
@@ -149,15 +161,20 @@ WITH s AS (
     SELECT *,
            max(CASE WHEN util_pct IS NULL OR util_pct > $util THEN ts END)
                OVER (PARTITION BY job_id, host, gpu) AS last_busy,
-           lag(ts) OVER (PARTITION BY job_id, host, gpu ORDER BY ts) AS previous
+           ts - lag(ts) OVER (PARTITION BY job_id, host, gpu ORDER BY ts) > $stale AS after_gap
     FROM s
+), bounded AS (
+    SELECT *, max(CASE WHEN after_gap THEN ts END) OVER (PARTITION BY job_id, host, gpu) AS resumed
+    FROM marked
 )
-SELECT job_id, host, gpu, max(ts) AS last_ts, count(*) AS samples,
-       min(ts) FILTER (WHERE last_busy IS NULL OR ts > last_busy) AS idle_since,
-       max(ts - previous) FILTER (WHERE previous IS NOT NULL
-                                  AND (last_busy IS NULL OR previous > last_busy)) AS max_gap,
-       max(util_pct) FILTER (WHERE last_busy IS NULL OR ts > last_busy) AS idle_max_util
-FROM marked GROUP BY ALL
+SELECT job_id, host, gpu, max(ts) AS last_ts, last_busy, resumed,
+       min(ts) FILTER (WHERE (last_busy IS NULL OR ts > last_busy)
+                         AND (resumed IS NULL OR ts >= resumed)) AS idle_since,
+       count(*) FILTER (WHERE (last_busy IS NULL OR ts > last_busy)
+                          AND (resumed IS NULL OR ts >= resumed)) AS samples,
+       max(util_pct) FILTER (WHERE (last_busy IS NULL OR ts > last_busy)
+                               AND (resumed IS NULL OR ts >= resumed)) AS idle_max_util
+FROM bounded GROUP BY job_id, host, gpu, last_busy, resumed
 """
 
 
@@ -214,7 +231,7 @@ def judge_idle(
         },
         orient="row",
     )
-    per_gpu = _idle_rows(con, frame, now, policy.util_pct)
+    per_gpu = _idle_rows(con, frame, now, policy.util_pct, settings.stale_after)
     for job, pairs, caveat in judged:
         rows = per_gpu.get(job.job_id, {})
         if pairs is None:  # every GPU its hosts report
@@ -244,7 +261,7 @@ def _stored_indices(con, jobs: list[LiveJob]) -> dict[str, list[tuple[str, str]]
     return out
 
 
-def _idle_rows(con, frame: pl.DataFrame, now: datetime, util: float) -> dict:
+def _idle_rows(con, frame: pl.DataFrame, now: datetime, util: float, stale: float) -> dict:
     known = frame.filter(pl.col("gpu").is_not_null())
     # a job judged on every GPU of its hosts: each GPU reporting there
     whole = frame.filter(pl.col("gpu").is_null()).drop("gpu")
@@ -256,24 +273,36 @@ def _idle_rows(con, frame: pl.DataFrame, now: datetime, util: float) -> dict:
             whole,
         ).pl()
         known = pl.concat([known, gpus.select(known.columns).cast(known.schema)])
-    rows = _idle_query(con, known, now, util)
     out: dict[str, dict] = {}
-    for job_id, host, gpu, last_ts, samples, idle_since, max_gap, idle_max in rows:
+    for (
+        job_id,
+        host,
+        gpu,
+        last_ts,
+        last_busy,
+        resumed,
+        idle_since,
+        samples,
+        idle_max,
+    ) in _idle_query(con, known, now, util, stale):
         out.setdefault(job_id, {})[(host, gpu)] = {
             "last_ts": last_ts,
-            "samples": samples,
+            "last_busy": last_busy,
+            "resumed": resumed,
             "idle_since": idle_since,
-            "max_gap": max_gap,
+            "samples": samples,
             "idle_max_util": idle_max,
         }
     return out
 
 
-def _idle_query(con, frame: pl.DataFrame, now: datetime, util: float) -> list[tuple]:
-    # a relation over a frame takes no bound parameters: both values are this module's own
-    # (a clock reading and a validated number), written as literals
-    sql = IDLE_SQL.replace("$now", f"TIMESTAMP '{now:%Y-%m-%d %H:%M:%S.%f}'").replace(
-        "$util", repr(float(util))
+def _idle_query(con, frame: pl.DataFrame, now: datetime, util: float, stale: float) -> list[tuple]:
+    # a relation over a frame takes no bound parameters: the values are this module's own
+    # (a clock reading and validated numbers), written as literals
+    sql = (
+        IDLE_SQL.replace("$now", f"TIMESTAMP '{now:%Y-%m-%d %H:%M:%S.%f}'")
+        .replace("$util", repr(float(util)))
+        .replace("$stale", f"INTERVAL {int(stale * 1e6)} MICROSECONDS")
     )
     return execute_on_frame(con, sql, frame).fetchall()
 
@@ -297,21 +326,22 @@ def _judge_job(policy, job, pairs, rows, caveat, now, stale, config, verdicts) -
         )
         return
     idle_since = [rows[p]["idle_since"] for p in pairs]
-    if any(s is None for s in idle_since):
+    if any(since is None for since in idle_since):
         verdicts.cleared.add(key)  # a GPU is busy at its latest sample
         return
-    gaps = [rows[p]["max_gap"] for p in pairs if rows[p]["max_gap"] is not None]
-    if gaps and max(gaps) > stale:
-        verdicts.notes.append(
-            f"{policy.name}: job {job.job_id} not judged: a gap of "
-            f"{max(gaps).total_seconds() / 60:.0f} min in its telemetry"
-        )
-        return
-    since = max(idle_since)
+    binding = max(pairs, key=lambda p: rows[p]["idle_since"])
+    since = rows[binding]["idle_since"]
     measured_to = min(rows[p]["last_ts"] for p in pairs)
     idle_for = (measured_to - since).total_seconds()
     if idle_for < policy.warn_after:
-        verdicts.cleared.add(key)
+        last_busy, resumed = rows[binding]["last_busy"], rows[binding]["resumed"]
+        if last_busy is not None and (resumed is None or last_busy >= resumed):
+            verdicts.cleared.add(key)  # busy a moment ago: whatever was found has cleared
+        else:
+            verdicts.notes.append(
+                f"{policy.name}: job {job.job_id} not judged yet: observed idle only since "
+                f"{since:%H:%M:%S} UTC, when its telemetry began or resumed after a gap"
+            )
         return
     usd, price_key = price(config, job)
     peak = max(rows[p]["idle_max_util"] or 0.0 for p in pairs)
@@ -324,8 +354,8 @@ def _judge_job(policy, job, pairs, rows, caveat, now, stale, config, verdicts) -
             message=(
                 f"job {job.job_id} ({job.name or 'unnamed'}) has held {job.gpus} GPU"
                 f"{'s' if job.gpus != 1 else ''} at ≤ {policy.util_pct:g} % utilisation for "
-                f"{idle_for / 3600:.2f} h (since {since:%Y-%m-%d %H:%M} UTC; highest reading "
-                f"{peak:g} %; threshold {policy.warn_after / 3600:g} h)"
+                f"{duration(idle_for)} (since {since:%Y-%m-%d %H:%M:%S} UTC; highest reading "
+                f"{peak:g} %; threshold {duration(policy.warn_after)})"
             ),
             evidence={
                 "gpus": [f"{h}/{g}" for h, g in pairs],

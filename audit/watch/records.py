@@ -1,10 +1,13 @@
 """The watch's record in the warehouse: invocations and every action (``watch_invocations``,
 ``watch_actions``), and what a restart reads back (the episode of each live finding).
 
-An action that reaches outside (a message, a cancellation) is written first as
-``sending`` / ``cancelling`` and committed, then done, then set to its outcome: a watch
-killed in between leaves the mark, and the next invocation finds the attempt
-``interrupted`` and makes it again (a message may then arrive twice, never not at all).
+Messages go through an outbox: a message is recorded ``queued`` first, then marked
+``sending`` and committed, sent, and set to its outcome. A cancellation is recorded
+``cancelling`` together with its notices (``held``: not to be sent before it is done),
+then ``scancel`` runs, then one transaction marks it ``cancelled`` and releases the notices.
+A watch killed in between leaves the mark: the next invocation finds the attempt
+``interrupted`` and makes it again (a message may then arrive twice, never not at all), and
+a cancellation that did happen is confirmed from Slurm, its notices released.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from datetime import datetime
 from audit.importers.files import now_utc
 
 IN_FLIGHT = ("sending", "cancelling")
+UNSENT = ("queued", "failed", "interrupted")  # messages the outbox sends (again)
+NOTICES = ("warn", "remind")
 
 
 @dataclass
@@ -25,14 +30,12 @@ class Episode:
     """What was done about one live finding since it last opened."""
 
     opened: bool = False
-    warned: dict[str, datetime] = field(default_factory=dict)  # recipient -> when sent
+    warned: set[str] = field(default_factory=set)  # recipients a warning is for (any state)
+    warned_at: datetime | None = None  # when the first warning was sent
     reminded: set[str] = field(default_factory=set)
     cancelled: bool = False  # a cancellation done (or the job found ended at it)
+    cut_cancel: bool = False  # a cancellation attempt the watch was stopped in
     would_cancel: bool = False
-
-    @property
-    def warned_at(self) -> datetime | None:
-        return min(self.warned.values()) if self.warned else None
 
 
 def start_invocation(wh, enforce: bool, once: bool, config_hash: str) -> int:
@@ -46,8 +49,8 @@ def start_invocation(wh, enforce: bool, once: bool, config_hash: str) -> int:
         )
         # attempts of earlier invocations still marked in flight were cut short
         con.execute(
-            "UPDATE watch_actions SET status = 'interrupted', detail = coalesce(detail, '') || "
-            "'the watch stopped during this attempt' WHERE list_contains(?, status)",
+            "UPDATE watch_actions SET status = 'interrupted', detail = 'the watch stopped "
+            "during an attempt' WHERE list_contains(?, status)",
             [list(IN_FLIGHT)],
         )
         con.execute(
@@ -97,12 +100,16 @@ def episodes(con, keys: list[str]) -> dict[str, Episode]:
         episode = out[key]
         if action == "open":
             episode.opened = True
-        elif action == "warn" and status == "sent":
-            episode.warned.setdefault(recipient, acted_at)
-        elif action == "remind" and status == "sent":
+        elif action == "warn":
+            episode.warned.add(recipient)
+            if status == "sent" and (episode.warned_at is None or acted_at < episode.warned_at):
+                episode.warned_at = acted_at
+        elif action == "remind":
             episode.reminded.add(recipient)
         elif action == "cancel" and status in ("cancelled", "ended"):
             episode.cancelled = True
+        elif action == "cancel" and status == "interrupted":
+            episode.cut_cancel = True
         elif action == "would_cancel":
             episode.would_cancel = True
     return out
@@ -128,57 +135,115 @@ def open_episodes(con) -> list[tuple[str, str, str, str, str]]:
     ).fetchall()
 
 
-def record(
-    wh,
-    invocation_id: int,
-    finding,
-    action: str,
-    status: str,
-    recipient: str | None = None,
-    message: str | None = None,
-    detail: str | None = None,
-    saved_gpu_hours: float | None = None,
-    evidence: dict | None = None,
-) -> int:
-    """One action, committed now; its id (to set the outcome of an attempt)."""
-    with wh.transaction() as con:
-        action_id = con.execute(
-            "SELECT coalesce(max(action_id), 0) + 1 FROM watch_actions"
-        ).fetchall()[0][0]
-        job = finding.job
-        con.execute(
-            "INSERT INTO watch_actions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                action_id,
-                invocation_id,
-                now_utc(),
-                finding.policy.name,
-                finding.policy.kind,
-                finding.key,
-                job.cluster,
-                job.job_id,
-                finding.run_id,
-                job.user,
-                job.team,
-                action,
-                recipient,
-                status,
-                message,
-                None if evidence is None else json.dumps(evidence, default=str, sort_keys=True),
-                job.gpus,
-                finding.usd_per_hour,
-                saved_gpu_hours,
-                detail,
-            ],
-        )
+def _insert(con, invocation_id: int, finding, action: str, status: str, **values) -> int:
+    action_id = con.execute("SELECT coalesce(max(action_id), 0) + 1 FROM watch_actions").fetchall()[
+        0
+    ][0]
+    job = finding.job
+    evidence = values.get("evidence")
+    con.execute(
+        "INSERT INTO watch_actions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            action_id,
+            invocation_id,
+            now_utc(),
+            finding.policy.name,
+            finding.policy.kind,
+            finding.key,
+            job.cluster,
+            job.job_id,
+            finding.run_id,
+            job.user,
+            job.team,
+            action,
+            values.get("recipient"),
+            status,
+            values.get("message"),
+            None if evidence is None else json.dumps(evidence, default=str, sort_keys=True),
+            job.gpus,
+            finding.usd_per_hour,
+            values.get("saved_gpu_hours"),
+            values.get("detail"),
+        ],
+    )
     return action_id
 
 
-def set_status(wh, action_id: int, status: str, detail: str | None = None) -> None:
+def record(wh, invocation_id: int, finding, action: str, status: str, **values) -> int:
+    """One action, committed now; its id."""
+    with wh.transaction() as con:
+        return _insert(con, invocation_id, finding, action, status, **values)
+
+
+def queue(wh, invocation_id: int, finding, action: str, messages: list[tuple[str, str]]) -> None:
+    """Messages (recipient, title + newline + body) to send, in one transaction."""
+    with wh.transaction() as con:
+        for recipient, text in messages:
+            _insert(
+                con, invocation_id, finding, action, "queued", recipient=recipient, message=text
+            )
+
+
+def begin_cancel(wh, invocation_id: int, finding, reason: str, saved, notices) -> int:
+    """The cancellation and its notices (held until it is done), in one transaction."""
+    with wh.transaction() as con:
+        action_id = _insert(
+            con,
+            invocation_id,
+            finding,
+            "cancel",
+            "cancelling",
+            message=reason,
+            evidence=finding.evidence,
+            saved_gpu_hours=saved,
+        )
+        for recipient, text in notices:
+            _insert(
+                con, invocation_id, finding, "remind", "held", recipient=recipient, message=text
+            )
+    return action_id
+
+
+def finish_cancel(wh, action_id: int, key: str, problem: str | None, confirmed: str = "") -> None:
+    """The cancellation's outcome; done, its notices are released to the outbox."""
     with wh.transaction() as con:
         con.execute(
             "UPDATE watch_actions SET status = ?, detail = coalesce(?, detail) WHERE action_id = ?",
-            [status, detail, action_id],
+            ["failed" if problem else "cancelled", problem or confirmed or None, action_id],
+        )
+        if not problem:
+            con.execute(
+                "UPDATE watch_actions SET status = 'queued' WHERE finding_key = ? AND status = 'held'",
+                [key],
+            )
+
+
+def cut_cancellation(con, key: str) -> int | None:
+    """The latest cancellation of ``key`` the watch was stopped in, if any."""
+    rows = con.execute(
+        "SELECT max(action_id) FROM watch_actions WHERE finding_key = ? AND action = 'cancel' "
+        "AND status = 'interrupted'",
+        [key],
+    ).fetchall()
+    return rows[0][0] if rows else None
+
+
+def outbox(con) -> list[tuple[int, str, str, str, str]]:
+    """(action id, policy, job id, recipient, title + body) of every message to send."""
+    return con.execute(
+        "SELECT action_id, policy, job_id, recipient, message FROM watch_actions "
+        "WHERE list_contains(?, action) AND list_contains(?, status) ORDER BY action_id",
+        [list(NOTICES), list(UNSENT)],
+    ).fetchall()
+
+
+def set_status(wh, action_id: int, status: str, detail: str | None = None) -> None:
+    """A message's progress; ``sent`` also dates it (a warning period runs from then)."""
+    with wh.transaction() as con:
+        con.execute(
+            "UPDATE watch_actions SET status = ?, detail = coalesce(?, detail), "
+            "acted_at = CASE WHEN ? = 'sent' THEN ? ELSE acted_at END WHERE action_id = ?",
+            [status, detail, status, now_utc(), action_id],
         )
 
 
