@@ -8,7 +8,10 @@ action."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
+from datetime import timedelta
 
 import duckdb
 import pytest
@@ -165,6 +168,35 @@ def test_enforce_cancels_the_idle_job_only(parts):
     cancels = [r for r in rows if r[0] == idle and r[1] == "cancel"]
     assert len(cancels) == 1 and cancels[0][2] == "cancelled"
     assert (cancels[0][4] - min(warns)).total_seconds() >= CANCEL_AFTER
+    # shown by audit status and the report of the week
+    status = audit_cli(db, config, "status")
+    assert "jobs cancelled 1" in status and "warnings sent 4" in status, status
+    day = cancels[0][4].date()
+    report = audit_cli(
+        db,
+        config,
+        "report",
+        "weekly",
+        "--format",
+        "md",
+        "--since",
+        f"{day}",
+        "--until",
+        f"{day + timedelta(days=1)}",
+    )
+    assert "Waste stopped this week: 1 jobs cancelled after warning (1 idle)" in report, report
+    assert "would have held its GPUs until its time limit" in report
+
+
+def audit_cli(db, config, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "audit", "--db", str(db), "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_dry_run_cancels_nothing_and_reminds_once(parts):

@@ -260,3 +260,82 @@ def resolve(
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'resolve', 'done', ?)",
             [action_id, invocation_id, now_utc(), policy, kind, key, cluster, job_id, why],
         )
+
+
+def stopped(con, since: datetime | None, until: datetime | None) -> dict:
+    """Jobs cancelled after a warning in a window, and what they would still have held:
+    the counterfactual is that each would have kept its GPUs to its time limit (a job
+    without one is counted, its hours not)."""
+    rows = con.execute(
+        """
+        SELECT kind, policy, job_id, user_name, gpus, saved_gpu_hours, usd_per_hour, acted_at
+        FROM watch_actions
+        WHERE action = 'cancel' AND status = 'cancelled'
+          AND ($1 IS NULL OR acted_at >= $1) AND ($2 IS NULL OR acted_at < $2)
+        ORDER BY acted_at, action_id
+        """,
+        [since, until],
+    ).fetchall()
+    warned = con.execute(
+        """
+        SELECT count(DISTINCT finding_key) FROM watch_actions
+        WHERE action = 'warn' AND status = 'sent'
+          AND ($1 IS NULL OR acted_at >= $1) AND ($2 IS NULL OR acted_at < $2)
+        """,
+        [since, until],
+    ).fetchall()[0][0]
+    jobs = [
+        {
+            "kind": kind,
+            "policy": policy,
+            "job_id": job_id,
+            "user": user,
+            "gpus": gpus,
+            "saved_gpu_hours": saved,
+            "saved_usd": None if saved is None or not gpus or usd is None else saved * usd / gpus,
+            "at": at,
+        }
+        for kind, policy, job_id, user, gpus, saved, usd, at in rows
+    ]
+    by_kind: dict[str, int] = {}
+    for job in jobs:
+        by_kind[job["kind"]] = by_kind.get(job["kind"], 0) + 1
+    known = [j for j in jobs if j["saved_gpu_hours"] is not None]
+    return {
+        "cancelled": len(jobs),
+        "by_kind": sorted(by_kind.items()),
+        "saved_gpu_hours": sum(j["saved_gpu_hours"] for j in known),
+        "saved_usd": sum(j["saved_usd"] or 0.0 for j in known),
+        "without_limit": len(jobs) - len(known),
+        "warned": warned,
+        "jobs": jobs,
+        "counterfactual": (
+            "had they not been cancelled, each would have held its GPUs until its time "
+            "limit; jobs without a time limit are counted without hours"
+        ),
+    }
+
+
+def recent(con, limit: int = 10) -> dict:
+    """What ``audit status`` shows: the last invocation, counts, the latest actions."""
+    last = con.execute(
+        "SELECT invocation_id, started_at, finished_at, enforce, intervals, outcome "
+        "FROM watch_invocations ORDER BY invocation_id DESC LIMIT 1"
+    ).fetchall()
+    counts = dict(
+        con.execute(
+            "SELECT action || ' ' || status, count(*) FROM watch_actions GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    )
+    actions = con.execute(
+        "SELECT acted_at, policy, job_id, action, status, coalesce(recipient, ''), "
+        "coalesce(detail, '') FROM watch_actions WHERE action <> 'open' "
+        "ORDER BY action_id DESC LIMIT ?",
+        [limit],
+    ).fetchall()
+    return {
+        "last": last[0] if last else None,
+        "counts": counts,
+        "open": len(open_episodes(con)),
+        "actions": actions,
+    }
