@@ -31,13 +31,14 @@ import time
 from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 NODES, JOBS_PER_NODE, MINUTES, IDLE_JOBS = 1000, 10, 70, 100
 GPU_LAYOUT = [4, 2, 1, 1, 0, 0, 0, 0, 0, 0]  # GPUs of the jobs on one node
 TARGET_SECONDS = 10.0
 
 
-def generate(folder: Path, now: datetime) -> None:
+def generate(folder: Path, now: datetime) -> dict:
     """The recorded state under ``folder``: squeue.json and gpu/<node>.csv."""
     rng = random.Random(43)
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,6 +85,7 @@ def generate(folder: Path, now: datetime) -> None:
                     f"{40000 if util else 0} MiB, 81559 MiB"
                 )
         (folder / "gpu" / f"{host}.csv").write_text("\n".join(lines) + "\n")
+    return busy
 
 
 def _job(job_id: int, host: str, gpus: int, detail: list[str], start: int, rng) -> dict:
@@ -128,6 +130,33 @@ def append_minute(folder: Path, at: datetime) -> None:
                 )
 
 
+class _Exporters(BaseHTTPRequestHandler):
+    """1,000 dcgm-exporters in one server: /gpu-NNNN/metrics answers for that node, the
+    idle jobs' GPUs at 0 %, the others busy."""
+
+    busy: ClassVar[dict] = {}
+
+    def do_GET(self):
+        host = self.path.strip("/").split("/")[0]
+        lines = []
+        for gpu in range(8):
+            util = 85 if self.busy.get((host, gpu)) else 0
+            labels = (
+                f'gpu="{gpu}",UUID="GPU-{host}-{gpu}",modelName="NVIDIA H100 80GB HBM3",'
+                f'Hostname="{host}"'
+            )
+            lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {util}")
+            lines.append(f"DCGM_FI_DEV_FB_USED{{{labels}}} {40000 if util else 0}")
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 class _Hook(BaseHTTPRequestHandler):
     received = 0
 
@@ -141,7 +170,7 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
-def run_once(work: Path, state: Path, hook: str) -> tuple[float, float, float]:
+def run_once(work: Path, state: Path, hook: str, telemetry: str) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds of the process and the machine's load meanwhile (the
     1-minute load average at the end: other agents share the cores)."""
     config = work / "audit.toml"
@@ -151,7 +180,7 @@ def run_once(work: Path, state: Path, hook: str) -> tuple[float, float, float]:
 interval = "5m"
 sacct = false
 cluster = "bench"
-nvidia_smi = ["{state}/gpu/*.csv"]
+{telemetry}
 stale_after = "10m"
 
 [watch.notify]
@@ -208,30 +237,52 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     hook = f"json://127.0.0.1:{server.server_port}/hook"
-    runs: dict[str, list[tuple[float, float, float]]] = {"first": [], "next": []}
-    warned = []
+    exporters = ThreadingHTTPServer(("127.0.0.1", 0), _Exporters)
+    threading.Thread(target=exporters.serve_forever, daemon=True).start()
+    runs: dict[str, list[tuple[float, float, float]]] = {"scrape": [], "first": [], "next": []}
+    warned: dict[str, list[int]] = {"scrape": [], "first": [], "next": []}
     for rep in range(args.reps):
-        work = args.cache / "watch" / f"rep{rep}"
+        now = datetime.now(UTC).replace(tzinfo=None, second=0, microsecond=0)
+        # the steady state: the warehouse holds the last hour, the watch scrapes every exporter
+        work = args.cache / "watch" / f"scrape{rep}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        now = datetime.now(UTC).replace(tzinfo=None, second=0, microsecond=0)
+        state = work / "state"
+        _Exporters.busy = generate(state, now)
+        history = sorted(str(p) for p in (state / "gpu").glob("*.csv"))
+        subprocess.run(
+            [sys.executable, "-m", "audit", "--db", str(work / "audit.duckdb"), "ingest", "gpu", *history],
+            check=True,
+            capture_output=True,
+        )
+        urls = ", ".join(
+            f'"http://127.0.0.1:{exporters.server_port}/gpu-{n:04d}/metrics"' for n in range(NODES)
+        )
+        _Hook.received = 0
+        runs["scrape"].append(run_once(work, state, hook, f"dcgm = [{urls}]"))
+        warned["scrape"].append(_Hook.received)
+        # following the logs from nothing: the first interval reads an hour of every log
+        work = args.cache / "watch" / f"logs{rep}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
         state = work / "state"
         generate(state, now)
+        logs = f'nvidia_smi = ["{state}/gpu/*.csv"]'
         _Hook.received = 0
-        runs["first"].append(run_once(work, state, hook))
-        warned.append(_Hook.received)
+        runs["first"].append(run_once(work, state, hook, logs))
+        warned["first"].append(_Hook.received)
         append_minute(state, now + timedelta(seconds=30))
-        runs["next"].append(run_once(work, state, hook))
-        print(
-            f"rep {rep}: first {runs['first'][-1]}, next {runs['next'][-1]} "
-            f"(wall s, CPU s, load); {warned[-1]} warnings",
-            flush=True,
-        )
+        _Hook.received = 0
+        runs["next"].append(run_once(work, state, hook, logs))
+        warned["next"].append(_Hook.received)
+        print(f"rep {rep}: {runs} (wall s, CPU s, load); warnings {warned}", flush=True)
+    exporters.shutdown()
     server.shutdown()
     names = {
-        "first": "first `audit watch --once` (empty warehouse: 10,000 jobs, 560,000 telemetry "
-        f"rows, {statistics.median(warned):.0f} warnings sent)",
-        "next": "next interval (+1 minute of samples, nothing new to warn)",
+        "scrape": "an interval: 10,000 jobs from squeue, 1,000 exporters scraped, the last "
+        "hour in the warehouse",
+        "first": "the first interval following 1,000 nvidia-smi logs (560,000 rows read)",
+        "next": "the next interval (+1 minute of samples: 8,000 rows)",
     }
     rows = [
         "| step | wall, median | wall, min-max | CPU s, median | load (1 min) | target |",
@@ -242,6 +293,7 @@ def main() -> None:
         cpu = [r[1] for r in runs[key]]
         load = [r[2] for r in runs[key]]
         met = "met" if statistics.median(wall) < TARGET_SECONDS else "missed"
+        name += f"; {statistics.median(warned[key]):.0f} warnings sent"
         rows.append(
             f"| {name} | {statistics.median(wall):.2f} s | {min(wall):.2f}-{max(wall):.2f} s | "
             f"{statistics.median(cpu):.2f} | {statistics.median(load):.1f} | < {TARGET_SECONDS:g} s: {met} |"

@@ -10,6 +10,7 @@ import os
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +35,7 @@ from audit.importers.text import load_json
 
 # the largest answer a controller, accounting query or exporter may give (bounded memory)
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
+SCRAPES_AT_A_TIME = 16  # exporters answer in milliseconds; a cluster has a thousand of them
 
 
 class SourceError(InputError):
@@ -152,11 +154,9 @@ def follow_files(wh, paths: list[Path], config: Config) -> FileImportSummary:
         batch = SampleBatch(con, stored_spans(con))
         before = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
         logged = []
-        for path in paths:
-            tail = _tail(path, cursors)
-            if tail is None:
-                continue
-            parsed = _parse_tail(path, tail, config)
+        tails = [(path, tail) for path in paths if (tail := _tail(path, cursors)) is not None]
+        # parsed two at a time (polars releases the GIL) while the previous one is stored
+        for (_path, tail), parsed in zip(tails, _parse_tails(tails, config), strict=True):
             batch.add(
                 parsed.samples.with_columns(
                     pl.col("host", "gpu", "model", "origin").cast(pl.Categorical)
@@ -202,6 +202,17 @@ def _tail(path: Path, cursors: dict) -> _Tail | None:
     return _Tail(location, head_text, start, start + whole)
 
 
+def _parse_tails(tails: list[tuple[Path, _Tail]], config: Config):
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(_parse_tail, path, tail, config) for path, tail in tails]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
 def _parse_tail(path: Path, tail: _Tail, config: Config):
     """The new lines, read as the file they continue: its header line, then them."""
     with open(path, "rb") as fh:
@@ -225,25 +236,11 @@ def scrape_endpoints(wh, urls: list[str], config: Config, timeout: float) -> Fil
     started = time.monotonic()
     summary = FileImportSummary(kind="dcgm-live", detail="GPU samples", files=len(urls))
     frames, logged = [], []
-    for url in urls:
-        at = datetime.now(UTC).replace(tzinfo=None)
-        try:
-            with requests.get(url, timeout=timeout, stream=True) as answer:
-                answer.raise_for_status()
-                content = answer.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
-        except requests.RequestException as exc:
-            raise SourceError(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
-        if len(content) > MAX_ANSWER_BYTES:
-            raise SourceError(f"{url}: answer larger than {MAX_ANSWER_BYTES >> 20} MiB")
-        try:
-            parsed = read_exposition_text(
-                url, content.decode("utf-8", "replace"), urlparse(url).hostname, at
-            )
-        except InputError as exc:
-            raise SourceError(str(exc)) from None
-        frames.append(parsed.samples)
-        summary.rows_read += parsed.rows_read
-        logged.append((url, parsed.rows_read, parsed.samples.height, 0))
+    with ThreadPoolExecutor(max_workers=SCRAPES_AT_A_TIME) as pool:
+        for url, parsed in zip(urls, pool.map(lambda u: _scrape(u, timeout), urls), strict=True):
+            frames.append(parsed.samples)
+            summary.rows_read += parsed.rows_read
+            logged.append((url, parsed.rows_read, parsed.samples.height, 0))
     samples = pl.concat(frames) if frames else None
     with wh.transaction() as con:
         if samples is not None and samples.height:
@@ -259,6 +256,23 @@ def scrape_endpoints(wh, urls: list[str], config: Config, timeout: float) -> Fil
         summary.seconds = time.monotonic() - started
         log_file_imports(con, "dcgm-live", logged, summary.seconds)
     return summary
+
+
+def _scrape(url: str, timeout: float):
+    at = datetime.now(UTC).replace(tzinfo=None)
+    try:
+        with requests.get(url, timeout=timeout, stream=True) as answer:
+            answer.raise_for_status()
+            content = answer.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
+    except requests.RequestException as exc:
+        raise SourceError(f"{url}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if len(content) > MAX_ANSWER_BYTES:
+        raise SourceError(f"{url}: answer larger than {MAX_ANSWER_BYTES >> 20} MiB")
+    try:
+        text_ = content.decode("utf-8", "replace")
+        return read_exposition_text(url, text_, urlparse(url).hostname, at)
+    except InputError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def sacct_window(last: datetime | None, now: datetime, interval_s: float) -> datetime:
