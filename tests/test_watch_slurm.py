@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 import pytest
@@ -346,3 +346,86 @@ def test_sources_and_records_are_in_the_warehouse(parts):
     assert dict(indices)[jobs["idle"]] == 2
     assert samples >= 8
     assert {"slurm-live", "dcgm-live", "slurm"} <= kinds, once.output()
+
+
+def test_run_policies_act_on_the_linked_jobs(parts):
+    """STB001 and DUP001 through their library code: the job of a run whose KL blew up is
+    warned and cancelled; the job of a launch repeating a finished configuration is warned,
+    and, its policy not enforcing, named as what would be cancelled."""
+    from audit.testing import T0, build_warehouse
+
+    slurm, inbox = parts["slurm"], parts["inbox"]
+    unstable, repeat = slurm.submit(1, "grpo"), slurm.submit(1, "sft-again")
+    for job in (unstable, repeat):
+        assert slurm.wait_state(job, {"RUNNING"}) == "RUNNING"
+    now = (datetime.now(UTC).replace(tzinfo=None) - T0).total_seconds() / 3600
+    config = parts["tmp"] / "audit.toml"
+    same = {"method": "sft", "learning_rate": "2e-05", "dataset": "codeedit-v3"}
+    wh, _ = build_warehouse(
+        parts["tmp"] / "audit.duckdb",
+        {
+            "runs": [
+                {
+                    "run_id": "a",
+                    "name": "grpo",
+                    "status": "RUNNING",
+                    "start": now - 2,
+                    "end": None,
+                    "params": {"method": "rl", "num_gpus": 1},
+                    "tags": {"slurm_job_id": unstable},
+                    "metrics": {
+                        "kl": {
+                            "steps": [0, 1000, 20],
+                            "hours": [now - 2, now - 0.01],
+                            "values": [[0, 0.01], [400, 1.5]],
+                        }
+                    },
+                },
+                {"run_id": "b", "name": "sft", "start": now - 20, "end": now - 10, "params": same},
+                {
+                    "run_id": "c",
+                    "name": "sft-again",
+                    "status": "RUNNING",
+                    "start": now - 1,
+                    "end": None,
+                    "params": same,
+                    "tags": {"slurm_job_id": repeat},
+                },
+            ]
+        },
+    )
+    wh.close()
+    config.write_text(
+        f"""
+[watch]
+interval = "2s"
+[watch.notify]
+email_url = "mailto://127.0.0.1:{parts["smtp"]}?from=audit@example.com&mode=insecure"
+mail_domain = "example.com"
+[watch.policy.diverged]
+kind = "unstable"
+cancel_after = "4s"
+enforce = true
+[watch.policy.repeats]
+kind = "duplicate_launch"
+cancel_after = "4s"
+"""
+    )
+    log = parts["tmp"] / "watch.log"
+    watch = WatchProcess(parts["tmp"] / "audit.duckdb", config, slurm.env, "--enforce", log=log)
+    try:
+        wait_for(lambda: slurm.state(unstable) == "CANCELLED", 90, "the cancellation", log)
+        wait_for(
+            lambda: f"dry run: would cancel job {repeat}" in watch.output(), 60, "the dry run", log
+        )
+        wait_for(lambda: len(inbox.mails) >= 4, 30, "the messages", log)
+    finally:
+        watch.stop()
+    assert slurm.state(repeat) == "RUNNING"
+    subjects = inbox.subjects("root@example.com")
+    assert subjects.count(f"[audit watch] warning: job {unstable} (diverged)") == 1
+    assert subjects.count(f"[audit watch] cancelled: job {unstable} (diverged)") == 1
+    assert subjects.count(f"[audit watch] warning: job {repeat} (repeats)") == 1
+    body = next(m["body"] for m in inbox.mails if f"job {unstable} (diverged)" in m["subject"])
+    assert "KL blow-up in kl at step 400" in body
+    assert "[policy has enforce = false]" in watch.output()

@@ -104,8 +104,7 @@ class Watch:
         self.settings: WatchSettings = config.values["watch"]
         self.enforce = enforce
         self.echo, self.err = echo, err
-        needs_notifier = any(True for _ in self.settings.policies)
-        self.notifier = Notifier(self.settings.notify) if needs_notifier else None
+        self.notifier = Notifier(self.settings.notify)
         self.sacct = self.settings.sacct and bool(self.settings.slurm)
         self.invocation = 0
         self.intervals = 0
@@ -266,7 +265,7 @@ class Watch:
         state = records.episodes(con, sorted(found))
         for finding in findings:
             self._act(wh, finding, state[finding.key], now, report)
-        self._resolve(wh, live, run_policies, found, verdicts, report)
+        self._resolve(wh, live, found, verdicts, report)
         self._flush(wh, report)
 
     # -- acting in steps --------------------------------------------------------------------
@@ -382,9 +381,7 @@ class Watch:
             with one_step():
                 records.set_status(wh, action_id, "sending")
                 person = _recipient_of(label, urls, self.settings)
-                problem = (
-                    self.notifier.send(person, title, body) if self.notifier else "no notifier"
-                )
+                problem = self.notifier.send(person, title, body)
                 records.set_status(wh, action_id, "failed" if problem else "sent", problem)
             if problem:
                 report.problems.append(
@@ -403,17 +400,14 @@ class Watch:
         every += [u for policy in self.settings.policies for u in policy.notify]
         return {shown_url(u): u for u in every if "://" in u}
 
-    def _resolve(self, wh, live, run_policies, found: set[str], verdicts: Verdicts, report) -> None:
+    def _resolve(self, wh, live, found: set[str], verdicts: Verdicts, report) -> None:
         """Close findings whose job no longer holds its allocation, or that were judged
         again with full evidence and did not hold; never on missing evidence."""
-        ran_ok = {p.name for p in run_policies} - {
-            n.split(":", 1)[0] for n in verdicts.notes if " skipped:" in n or " error:" in n
-        }
+        states = dict(live.jobs.select("job_id", "state").iter_rows())
         for key, policy, kind, cluster, job_id in records.open_episodes(wh.con):
             if key in found or cluster != self.settings.cluster:
                 continue
             if job_id not in live.holding:
-                states = dict(live.jobs.select("job_id", "state").iter_rows())
                 cut = records.cut_cancellation(wh.con, key)
                 if cut is not None and states.get(job_id) == "CANCELLED":
                     with one_step():  # the stopped attempt did cancel it: its notices go out
@@ -427,7 +421,7 @@ class Watch:
                     report.lines.append(f"{policy}: job {job_id} was cancelled (confirmed)")
                     continue
                 why = f"job {job_id} ended ({states.get(job_id, 'left the job list')})"
-            elif key in verdicts.cleared or (kind != "idle" and policy in ran_ok):
+            elif key in verdicts.cleared or (kind != "idle" and policy in verdicts.ran):
                 why = f"job {job_id}: no longer found by {policy}"
             else:
                 continue

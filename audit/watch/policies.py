@@ -65,6 +65,7 @@ class Verdicts:
     findings: list[LiveFinding] = field(default_factory=list)
     cleared: set[str] = field(default_factory=set)  # keys judged with full evidence: no finding
     notes: list[str] = field(default_factory=list)  # jobs not judged, and why
+    ran: set[str] = field(default_factory=set)  # run policies whose rule judged every run
 
 
 def duration(seconds: float) -> str:
@@ -414,6 +415,7 @@ def judge_runs(
         if result.status != "ok":
             verdicts.notes.append(f"{policy.name}: {policy.rule} {result.status}: {result.reason}")
             continue
+        verdicts.ran.add(policy.name)
         for finding in result.findings:
             for run_id in _acted_runs(finding):
                 for job_id in runs_to_jobs.get(run_id, []):
@@ -425,7 +427,7 @@ def judge_runs(
                         LiveFinding(
                             policy=policy,
                             job=job,
-                            key=finding_key(policy.name, finding.finding_id, job.cluster, job_id),
+                            key=finding_key(policy.name, finding.id, job.cluster, job_id),
                             message=f"job {job_id}: {finding.message}",
                             evidence={"rule": finding.rule, **finding.evidence},
                             since=finding.happened_at or now,
