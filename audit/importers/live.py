@@ -28,6 +28,7 @@ from audit.importers.files import (
     insert_frame,
     log_file_imports,
     now_utc,
+    replace_by_key,
 )
 from audit.importers.slurm_live import LiveJobs, read_live_jobs, reported_errors
 from audit.importers.telemetry import read_exposition_text, read_telemetry
@@ -153,22 +154,36 @@ def follow_files(wh, paths: list[Path], config: Config) -> FileImportSummary:
         }
         batch = SampleBatch(con, stored_spans(con))
         before = con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0]
-        logged = []
+        logged, frames, moved = [], [], []
         tails = [(path, tail) for path in paths if (tail := _tail(path, cursors)) is not None]
-        # parsed two at a time (polars releases the GIL) while the previous one is stored
+        # parsed two at a time (polars releases the GIL); stored in one batch
         for (_path, tail), parsed in zip(tails, _parse_tails(tails, config), strict=True):
-            batch.add(
-                parsed.samples.with_columns(
-                    pl.col("host", "gpu", "model", "origin").cast(pl.Categorical)
-                )
-            )
+            frames.append(parsed.samples)
             summary.rows_read += parsed.rows_read
             summary.notes.extend(parsed.notes)
             logged.append((tail.location, parsed.rows_read, parsed.samples.height, 0))
-            con.execute("DELETE FROM watch_cursors WHERE location = ?", [tail.location])
-            con.execute(
-                "INSERT INTO watch_cursors VALUES (?, ?, ?, ?)",
-                [tail.location, tail.end, tail.head, now_utc()],
+            moved.append((tail.location, tail.end, tail.head, now_utc()))
+        if frames:
+            batch.add(
+                pl.concat(frames).with_columns(
+                    pl.col("host", "gpu", "model", "origin").cast(pl.Categorical)
+                )
+            )
+        if moved:
+            replace_by_key(
+                con,
+                "watch_cursors",
+                pl.DataFrame(
+                    moved,
+                    schema={
+                        "location": pl.String,
+                        "size": pl.Int64,
+                        "head": pl.String,
+                        "updated_at": pl.Datetime("us"),
+                    },
+                    orient="row",
+                ),
+                ["location"],
             )
         batch.flush()
         summary.rows_written = (
