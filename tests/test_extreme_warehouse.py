@@ -375,8 +375,10 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     con.execute("ALTER TABLE gpu_samples_v8 RENAME TO gpu_samples")
     con.execute(f"UPDATE gpu_samples SET ts = {OUT_OF_RANGE[1]} WHERE rowid < 10")
     con.execute(f"UPDATE checkpoints SET mtime = {OUT_OF_RANGE[0]} WHERE rowid = 0")
-    # as the version before the clean-up (V8) left it: without the later tables (V9)
+    # as the version before the clean-up (V8) left it: without the later tables (V9, V11)
     con.execute("DROP TABLE report_models")
+    for table in ("job_gpus", "watch_invocations", "watch_actions", "watch_cursors"):
+        con.execute(f"DROP TABLE {table}")
     con.execute(
         "UPDATE audit_meta SET value = ? WHERE key = 'schema_version'",
         [str(MIGRATIONS.index(V8))],
