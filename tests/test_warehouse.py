@@ -40,6 +40,10 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "prune_log",
             "run_files",
             "report_models",
+            "job_gpus",
+            "watch_invocations",
+            "watch_actions",
+            "watch_cursors",
         }
 
 
