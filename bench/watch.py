@@ -251,7 +251,16 @@ def main() -> None:
         _Exporters.busy = generate(state, now)
         history = sorted(str(p) for p in (state / "gpu").glob("*.csv"))
         subprocess.run(
-            [sys.executable, "-m", "audit", "--db", str(work / "audit.duckdb"), "ingest", "gpu", *history],
+            [
+                sys.executable,
+                "-m",
+                "audit",
+                "--db",
+                str(work / "audit.duckdb"),
+                "ingest",
+                "gpu",
+                *history,
+            ],
             check=True,
             capture_output=True,
         )
