@@ -207,6 +207,11 @@ def test_dry_run_cancels_nothing_and_reminds_once(parts):
     watch = WatchProcess(db, config, slurm.env, log=log)  # no --enforce
     idle = jobs["idle"]
     try:
+        wait_for(lambda: warned(inbox, idle), 60, "the warning", log)
+        # other commands share the warehouse meanwhile (the watch holds it only during an
+        # interval), under the usual lock
+        assert "watch: last run #1" in audit_cli(db, config, "status")
+        assert audit_cli(db, config, "sql", "select count(*) from jobs").strip()
         wait_for(
             lambda: f"dry run: would cancel job {idle}" in watch.output(), 90, "the dry run", log
         )
