@@ -182,7 +182,14 @@ class Watch:
         if self.sacct and live is not None:
             self._read_accounting(wh, report)
         if s.nvidia_smi:
-            paths = sorted({Path(p) for pattern in s.nvidia_smi for p in glob.glob(pattern)})
+            # relative patterns and folders are relative to the config file, as in [links]
+            paths = sorted(
+                {
+                    Path(p)
+                    for pattern in s.nvidia_smi
+                    for p in glob.glob(self.config.local_path(pattern))
+                }
+            )
             self._source(report, "nvidia-smi", lambda: follow_files(wh, paths, self.config))
         if s.dcgm:
             self._source(
@@ -199,7 +206,7 @@ class Watch:
         if s.wandb:
             from audit.importers.wandb import import_wandb
 
-            paths = [Path(p) for p in s.wandb]
+            paths = [Path(self.config.local_path(p)) for p in s.wandb]
             self._source(report, "wandb", lambda: import_wandb(wh, paths, self.config))
         # A Prometheus server becomes one more source here: a reader that imports its
         # range query for the interval, called like the ones above.
