@@ -16,6 +16,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from audit.errors import InputError, utf8_problem
+from audit.watch.settings import WatchSettings, validate_watch
 
 DEFAULT_CONFIG_NAME = "audit.toml"
 TEAM_SOURCES = ("tag", "account", "user")
@@ -317,9 +318,11 @@ class Config:
         import hashlib
         import json
 
-        return hashlib.sha1(
-            json.dumps(self.values, sort_keys=True, default=str).encode()
-        ).hexdigest()[:12]
+        # [watch] changes what `audit watch` does, never a rule's verdict
+        judged = {k: v for k, v in self.values.items() if k != "watch"}
+        return hashlib.sha1(json.dumps(judged, sort_keys=True, default=str).encode()).hexdigest()[
+            :12
+        ]
 
     def local_path(self, text: str) -> str:
         """A path from a config value: relative ones are relative to the config file."""
@@ -350,6 +353,7 @@ def defaults() -> dict[str, dict[str, Any]]:
     }
     values["rules"] = {}
     values["suppress"] = []
+    values["watch"] = WatchSettings()
     return values
 
 
@@ -456,8 +460,9 @@ class _Locator:
 
 
 # Tables whose keys are validated by their consumers: [rules.CODE] by each rule's
-# threshold schema (audit.rule_registry), [[suppress]] entries here.
-FREE_SECTIONS = ("rules", "suppress")
+# threshold schema (audit.rule_registry), [[suppress]] entries here, [watch] by
+# audit.watch.settings.
+FREE_SECTIONS = ("rules", "suppress", "watch")
 
 
 def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locator) -> None:
@@ -469,6 +474,9 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
             continue
         if section == "suppress":
             values["suppress"] = _suppressions(table, path)
+            continue
+        if section == "watch":
+            values["watch"] = validate_watch(table, path.at("watch"))
             continue
         if section not in SCHEMA:
             valid = ", ".join(sorted([*SCHEMA, *FREE_SECTIONS]))

@@ -43,4 +43,4 @@ def _exit_interrupted() -> None:
     # however it was caught, and would end the process by SIGINT instead of the code.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(interrupts.EXIT_INTERRUPTED)
+    os._exit(interrupts.exit_code())

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM: `audit watch` stopped by its service manager
 
 _requested = False
 _held = 0
@@ -20,10 +21,21 @@ _saved_transactions = 0
 # a later one interrupts again, in case a library swallowed the first.
 REPEAT_IGNORED_SECONDS = 1.0
 _raised_at: float | None = None
+_terminated = False
 
 
 def install() -> None:
     signal.signal(signal.SIGINT, _on_sigint)
+
+
+def install_terminate() -> None:
+    """SIGTERM as Ctrl-C, for a long-running command (``audit watch``) that a service
+    manager stops: it ends between steps the same way, with exit code 143."""
+    signal.signal(signal.SIGTERM, _on_sigint)
+
+
+def exit_code() -> int:
+    return EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED
 
 
 def ignore_from_now_on() -> None:
@@ -64,10 +76,11 @@ def uninterruptible_commit() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _on_sigint(_signum, _frame) -> None:
+def _on_sigint(signum, _frame) -> None:
     # DuckDB, pyarrow and polars re-raise a KeyboardInterrupt from their own code as
     # their own errors (RuntimeError, InvalidInputException, ...); the flag survives that.
-    global _requested, _raised_at
+    global _requested, _raised_at, _terminated
+    _terminated = _terminated or signum == signal.SIGTERM
     repeated = (
         _requested
         and _raised_at is not None

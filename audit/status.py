@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from audit.warehouse import SCHEMA_VERSION, Warehouse
 from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
+from audit.watch.records import recent
 
 
 def warehouse_status(wh: Warehouse) -> dict:
@@ -63,6 +64,7 @@ def warehouse_status(wh: Warehouse) -> dict:
         "first_run": first,
         "last_run": last,
         "cluster": _cluster_status(wh),
+        "watch": recent(wh.con),
         "runs_by_status": wh.con.execute(
             "SELECT coalesce(status, 'unknown'), count(*) FROM runs GROUP BY 1 ORDER BY 1"
         ).fetchall(),

@@ -398,6 +398,8 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     con.execute("DROP TABLE eval_results")
     con.execute("ALTER TABLE findings DROP COLUMN risk_gpu_hours")
     con.execute("ALTER TABLE findings DROP COLUMN material")
+    for table in ("job_gpus", "watch_invocations", "watch_actions", "watch_cursors"):
+        con.execute(f"DROP TABLE {table}")
     con.execute(
         "UPDATE audit_meta SET value = ? WHERE key = 'schema_version'",
         [str(MIGRATIONS.index(V8))],

@@ -41,6 +41,10 @@ def test_new_warehouse_has_current_schema(tmp_path):
             "run_files",
             "report_models",
             "eval_results",
+            "job_gpus",
+            "watch_invocations",
+            "watch_actions",
+            "watch_cursors",
         }
 
 

@@ -53,6 +53,7 @@ _COMMAND_MODULES = {
     "scan": "scan",
     "rules": "scan",
     "status": "status",
+    "watch": "watch",
 }
 
 
@@ -119,7 +120,7 @@ class AuditGroup(click.Group):
 
 def _interrupted(ctx: click.Context) -> None:
     click.echo(interrupts.message(), err=True)
-    ctx.exit(interrupts.EXIT_INTERRUPTED)
+    ctx.exit(interrupts.exit_code())
 
 
 EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for `cat` in `cat f | head`

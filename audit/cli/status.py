@@ -108,6 +108,38 @@ def status(app: AppContext) -> None:
     click.echo(
         f"  checkpoints with a run     {_share(c['checkpoints_with_run'], c['checkpoints'])}"
     )
+    _watch(report["watch"])
+
+
+def _watch(watch: dict) -> None:
+    """``audit watch``'s record: its last run, what it did, the latest actions."""
+    if watch["last"] is None:
+        return
+    number, started, finished, enforce, intervals, outcome = watch["last"]
+    click.echo("")
+    click.echo(
+        f"watch: last run #{number} from {started:%Y-%m-%d %H:%M} to "
+        + (f"{finished:%Y-%m-%d %H:%M}" if finished else "now")
+        + f" UTC, {intervals} intervals, {'enforcing' if enforce else 'dry run'}, {outcome}"
+    )
+    counts = watch["counts"]
+    click.echo(
+        f"  open findings {watch['open']}; warnings sent {counts.get('warn sent', 0)}, "
+        f"reminders and notices sent {counts.get('remind sent', 0)}, messages not sent "
+        f"{sum(v for k, v in counts.items() if k.split()[0] in ('warn', 'remind') and k.split()[1] != 'sent')}; "
+        f"jobs cancelled {counts.get('cancel cancelled', 0)}, would have cancelled "
+        f"{counts.get('would_cancel done', 0)}"
+    )
+    if watch["actions"]:
+        click.echo(
+            table(
+                ["when (UTC)", "policy", "job", "action", "status", "to", "detail"],
+                [
+                    [f"{at:%Y-%m-%d %H:%M:%S}", policy, job, action, status, to, detail[:80]]
+                    for at, policy, job, action, status, to, detail in watch["actions"]
+                ],
+            )
+        )
 
 
 def _share(part: int, whole: int) -> str:

@@ -54,30 +54,37 @@ class SlurmSource(FileSource):
         return parsed.payload.jobs.height
 
     def finish(self, con, summary: FileImportSummary) -> None:
-        # The newest record of a job wins (a later moment, then a finished state), whatever
-        # the order of the files and whatever the warehouse already holds.
-        incoming = newest_records(pl.concat([p.jobs for p in self.parsed]))
-        jobs = newest_records(incoming, _stored_jobs(con, incoming))
-        if jobs.height < incoming.height:
-            summary.notes.append(
-                f"{incoming.height - jobs.height} jobs left as they are: the warehouse holds "
-                "a newer record of them"
-            )
-        nodes = pl.concat([p.nodes for p in self.parsed]).join(
-            jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi"
-        )
-        nodes = nodes.unique(maintain_order=True)
-        summary.rows_written = jobs.height
-        replace_by_key(
-            con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"]
-        )
-        execute_on_frame(
+        store_jobs(
             con,
-            "DELETE FROM job_nodes n WHERE EXISTS (SELECT 1 FROM incoming_frame k "
-            "WHERE k.cluster = n.cluster AND k.job_id = n.job_id)",
-            jobs.select("cluster", "job_id"),
+            pl.concat([p.jobs for p in self.parsed]),
+            pl.concat([p.nodes for p in self.parsed]),
+            summary,
         )
-        insert_frame(con, "job_nodes", nodes)
+
+
+def store_jobs(con, jobs: pl.DataFrame, nodes: pl.DataFrame, summary: FileImportSummary) -> None:
+    """Write job records: the newest record of a job wins (a later moment, then a finished
+    state), whatever the order of the files and whatever the warehouse already holds."""
+    incoming = newest_records(jobs)
+    jobs = newest_records(incoming, _stored_jobs(con, incoming))
+    if jobs.height < incoming.height:
+        summary.notes.append(
+            f"{incoming.height - jobs.height} jobs left as they are: the warehouse holds "
+            "a newer record of them"
+        )
+    nodes = nodes.join(jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi")
+    nodes = nodes.unique(maintain_order=True)
+    summary.rows_written = jobs.height
+    replace_by_key(
+        con, "jobs", jobs.with_columns(imported_at=pl.lit(now_utc())), ["cluster", "job_id"]
+    )
+    execute_on_frame(
+        con,
+        "DELETE FROM job_nodes n WHERE EXISTS (SELECT 1 FROM incoming_frame k "
+        "WHERE k.cluster = n.cluster AND k.job_id = n.job_id)",
+        jobs.select("cluster", "job_id"),
+    )
+    insert_frame(con, "job_nodes", nodes)
 
 
 def _stored_jobs(con, incoming: pl.DataFrame) -> pl.DataFrame:

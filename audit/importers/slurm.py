@@ -792,6 +792,8 @@ def _tres_counts(obj: dict, dotted: str, where: str = "") -> dict[str, int]:
         ):
             raise LineError(f"{at}.name: expected a TRES name like gpu, got {describe(name)}")
         count = item.get("count")
+        if count is None:
+            continue  # not measured: v0.0.38 writes energy without a plugin as null
         if isinstance(count, bool) or not isinstance(count, int):
             raise LineError(f"{at}.count: expected a whole number, got {describe(count)}")
         if count < 0:

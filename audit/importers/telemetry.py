@@ -576,6 +576,11 @@ def _read_exposition(
     return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped, notes=notes)
 
 
+def read_exposition_text(label: str, content: str, host: str | None, at: datetime) -> TelemetryFile:
+    """A dcgm-exporter ``/metrics`` answer scraped at ``at`` (``label``: its URL)."""
+    return _read_exposition(Path(label), content, host, False, at)
+
+
 def _exposition_sample(line: str, default_ts: datetime) -> tuple | None:
     """(metric, labels, value, ts) of a DCGM series line; None for other series; ValueError
     saying what is wrong with a line that cannot be read."""

@@ -25,6 +25,7 @@ from audit.status import warehouse_status
 from audit.summary import scope_of, summarise
 from audit.warehouse.alongside import alongside
 from audit.warehouse.store import Warehouse
+from audit.watch.records import stopped
 from audit.windows import Window, now
 
 TREND_WEEKS = 8
@@ -177,6 +178,7 @@ def build_report(
     report["categories"] = _categories(wh, config, summary, result)
     report["matrix"] = _matrix(wh, config, window, shared)
     report["queue"] = _queue(wh, config, window, shared)
+    report["stopped"] = stopped(wh.con, window.since, window.until)
     if weekly:
         previous = window.previous_week(tz)
         prev_result = _week_scan(wh, config, rules, previous, shared, fresh=False)

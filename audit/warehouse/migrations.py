@@ -401,4 +401,55 @@ ALTER TABLE findings ADD COLUMN risk_gpu_hours DOUBLE;
 ALTER TABLE findings ADD COLUMN material BOOLEAN;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12]
+# `audit watch` (audit/watch/): the GPU indices a job was given, the actions taken on live
+# findings, each invocation, and how far each followed telemetry file has been read.
+V13 = """
+CREATE TABLE job_gpus (
+    cluster VARCHAR NOT NULL,
+    job_id VARCHAR NOT NULL,
+    host VARCHAR NOT NULL,
+    gpu VARCHAR NOT NULL                 -- the index on the host (gres_detail IDX), as telemetry names it
+);
+CREATE TABLE watch_invocations (
+    invocation_id BIGINT NOT NULL,
+    started_at TIMESTAMP NOT NULL,
+    finished_at TIMESTAMP,
+    host VARCHAR,
+    pid INTEGER,
+    enforce BOOLEAN NOT NULL,
+    once BOOLEAN NOT NULL,
+    intervals INTEGER,                   -- intervals completed
+    config_hash VARCHAR,
+    outcome VARCHAR                      -- running | stopped | interrupted | failed
+);
+CREATE TABLE watch_actions (
+    action_id BIGINT NOT NULL,
+    invocation_id BIGINT NOT NULL,
+    acted_at TIMESTAMP NOT NULL,
+    policy VARCHAR NOT NULL,             -- [watch.policy.NAME]
+    kind VARCHAR NOT NULL,               -- idle | unstable | red_line | duplicate_launch
+    finding_key VARCHAR NOT NULL,        -- stable id of the live finding
+    cluster VARCHAR,
+    job_id VARCHAR,
+    run_id VARCHAR,
+    user_name VARCHAR,
+    team VARCHAR,
+    action VARCHAR NOT NULL,             -- open | warn | remind | cancel | would_cancel | resolve
+    recipient VARCHAR,                   -- whom a warn or remind went to
+    status VARCHAR NOT NULL,             -- sending | sent | failed | interrupted | cancelling | cancelled | ended | done
+    message VARCHAR,
+    evidence JSON,
+    gpus INTEGER,
+    usd_per_hour DOUBLE,                 -- the allocation's price while it runs
+    saved_gpu_hours DOUBLE,              -- cancel: GPUs x time left to the time limit (NULL: no limit)
+    detail VARCHAR                       -- an error, or why nothing was done
+);
+CREATE TABLE watch_cursors (
+    location VARCHAR NOT NULL,           -- a followed telemetry file
+    size BIGINT NOT NULL,                -- bytes read (whole lines)
+    head VARCHAR NOT NULL,               -- its first line: a rotated file starts again from 0
+    updated_at TIMESTAMP NOT NULL
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13]
