@@ -31,6 +31,24 @@ TEAM_SOURCES = ("tag", "account", "user")
 # `train/grad_norm`, `train/approx_entropy`, `train/reward`, `train/kl_penalty`) and
 # Megatron (`lm loss`, `grad-norm`). A `train/` prefix is what the W&B and TensorBoard
 # integrations add.
+# The KL to the reference (or teacher) policy as the frameworks name it: TRL's GRPO/PPO
+# (kl, objective/kl), verl (actor/kl_loss with use_kl_loss, actor/reward_kl_penalty with
+# the KL in the reward), OpenRLHF (kl), on-policy distillation (reverse_kl).
+REFERENCE_KL = [
+    "kl",
+    "train/kl",
+    "objective/kl",
+    "train/objective/kl",
+    "actor/kl_loss",
+    "actor/reward_kl_penalty",
+    "reverse_kl",
+    "train/reverse_kl",
+    "distill/reverse_kl",
+]
+
+# what audit/facts/shift.py measures a run's distribution shift by
+SHIFT_KINDS = ("explicit", "kl", "base_loss")
+
 STABILITY_METRICS = {
     "loss": [
         "loss",
@@ -125,6 +143,12 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "reward": ((list,), STABILITY_METRICS["reward"]),
         "truncation": ((list,), STABILITY_METRICS["truncation"]),
         "policy_clip": ((list,), STABILITY_METRICS["policy_clip"]),
+        # globs: a distribution-shift measure the team logs itself (a probe-set KL to the
+        # base model, the base model's perplexity on the data): audit/facts/shift.py
+        "shift": ((list,), []),
+        # the KL to the reference or teacher policy (not [metrics] kl: verl's actor/ppo_kl is
+        # one update's step, old policy to new, and says nothing of the distance travelled)
+        "reference_kl": ((list,), REFERENCE_KL),
     },
     "attribution": {
         "team_tag": ((str,), "team"),  # run tag naming the team
@@ -132,10 +156,27 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         # the Slurm account, the user (spend and waste are attributed the same way)
         "team_order": ((list,), ["tag", "account", "user"]),
         "method_keys": ((list,), ["method", "training_method"]),  # param or tag: sft / rl / opd
-        "base_model_keys": ((list,), ["base_model", "model_name_or_path"]),
+        # verl names the model it starts from model.partial_pretrain (SFT trainer) and
+        # actor_rollout_ref.model.path (PPO/GRPO trainer)
+        "base_model_keys": (
+            (list,),
+            [
+                "base_model",
+                "model_name_or_path",
+                "model.partial_pretrain",
+                "actor_rollout_ref.model.path",
+            ],
+        ),
         "baseline_tag": ((str,), "audit.baseline"),
         # methods whose runs evaluate a model instead of training one
         "eval_methods": ((list,), ["eval", "evaluation"]),
+        # methods that train on a fixed external dataset (SFT) and methods that sample the
+        # model's own distribution (RL): what audit/facts/shift.py measures each by
+        "sft_methods": ((list,), ["sft", "lora", "qlora", "finetune", "fine-tune", "full"]),
+        "rl_methods": (
+            (list,),
+            ["rl", "grpo", "ppo", "rloo", "dapo", "reinforce", "reinforce++", "online-dpo"],
+        ),
         # methods that learn from a teacher model, and where the teacher is recorded
         "distillation_methods": ((list,), ["opd", "distill", "distillation", "kd", "gkd"]),
         "teacher_keys": (
@@ -280,6 +321,19 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "high_gb": ((int, float), 1000.0),
         # family (e.g. "DUP") -> {min_gpu_hours, min_run_hours, min_gb}
         "families": ((dict,), {}),
+    },
+    # Distribution shift and the method matrix (audit/facts/shift.py says why each is so)
+    "shift": {
+        # runs of a base model and measure below which the team's own history is too thin
+        # to place a run (the whole warehouse's history of the base model is used instead)
+        "min_history": ((int,), 5),
+        # measure kind ("base_loss", "kl", "explicit") -> the value above which a run is far
+        # when there is no history to compare with (a team's own knowledge; none by default)
+        "far_above": ((dict,), {}),
+        # a cell of the method matrix recommends a method from this many runs with a
+        # measured outcome, and a method from this many of its own
+        "min_cell_runs": ((int,), 3),
+        "min_method_runs": ((int,), 2),
     },
     "links": {
         "job_tag_keys": ((list,), ["slurm_job_id", "slurm.job_id", "SLURM_JOB_ID"]),
@@ -521,6 +575,25 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
                         f"config {path.at(section, key)}: [metrics] red_line_tolerances.{bad[0]} "
                         "must be a non-negative number (the allowed absolute drop)"
                     )
+            elif key == "far_above":
+                bad = [
+                    k
+                    for k, v in value.items()
+                    if k not in SHIFT_KINDS
+                    or isinstance(v, bool)
+                    or not isinstance(v, int | float)
+                    or not math.isfinite(v)
+                ]
+                if bad:
+                    raise InputError(
+                        f"config {path.at(section, key)}: [shift] far_above.{bad[0]} must be a "
+                        f"finite number, keyed by a measure kind ({', '.join(SHIFT_KINDS)})"
+                    )
+            elif section == "shift" and not 1 <= value <= 1_000_000:
+                raise InputError(
+                    f"config {path.at(section, key)}: [shift] {key} must be a count of runs "
+                    f"from 1 to 1000000, got {value!r}"
+                )
             elif isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
                 raise InputError(f"config {path}: [{section}] {key} must map strings to strings")
             values[section][key] = value

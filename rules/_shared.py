@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from audit.facts.evaluations import Evaluations
+from audit.facts.shift import Shifts, shared_shifts
 from audit.recipes import Recipes, shared_recipes
 from audit.rule_api import RuleContext
 from audit.rule_registry import effective_thresholds, get_rule
@@ -16,6 +17,11 @@ def recipes(ctx: RuleContext) -> Recipes:
 def evaluations(ctx: RuleContext) -> Evaluations:
     """Every evaluation and the links between models (``audit.facts.evaluations``), once."""
     return ctx.once(("evaluations",), lambda: Evaluations(ctx.con, ctx.config, ctx.facts))
+
+
+def shifts(ctx: RuleContext) -> Shifts:
+    """Every training run's distribution shift and its place (``audit.facts.shift``), once."""
+    return shared_shifts(ctx.con, ctx.config, ctx.facts, recipes(ctx), ctx.shared)
 
 
 def regressed_runs(ctx: RuleContext) -> dict[tuple, dict[str, float]]:

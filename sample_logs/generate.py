@@ -26,6 +26,7 @@ from plan import (  # noqa: E402
     BASELINES,
     COMMIT,
     DATASETS,
+    FIRST_LOSS,
     HOUR_MS,
     RUNS,
     SAFETY_BASELINES,
@@ -71,7 +72,7 @@ def _metric_series(run: tuple, rng: random.Random) -> list[Metric]:
         _lr,
         steps,
         _gpus,
-        _ds,
+        dataset,
         _seed,
         start_h,
         hours,
@@ -82,6 +83,7 @@ def _metric_series(run: tuple, rng: random.Random) -> list[Metric]:
         _planted,
     ) = run
     start = WEEK_START_MS + int(start_h * HOUR_MS)
+    first_loss = FIRST_LOSS.get(dataset, 2.25)
     general, target = BASELINES[base]
     safety = SAFETY_BASELINES[base]
     out: list[Metric] = []
@@ -96,7 +98,7 @@ def _metric_series(run: tuple, rng: random.Random) -> list[Metric]:
     for step in range(0, done + 1, 50):
         t = start + int(step * ms_per_step)
         progress = step / max(steps, 1)
-        loss = 1.9 * math.exp(-step / 600) + 0.35 + rng.uniform(-0.02, 0.02)
+        loss = (first_loss - 0.35) * math.exp(-step / 600) + 0.35 + rng.uniform(-0.02, 0.02)
         out.append(Metric("train/loss", round(loss, 4), t, step))
         out.append(Metric("train/grad_norm", round(0.9 + rng.uniform(-0.15, 0.15), 4), t, step))
         if method in ("rl", "opd"):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from plan import BASELINES, WANDB_RUNS, WEEK_START_MS  # noqa: E402
+from plan import BASELINES, WANDB_GENERAL_DRIFT, WANDB_RUNS, WEEK_START_MS  # noqa: E402
 
 OUT = HERE / "wandb"
 _clock = [WEEK_START_MS / 1000]
@@ -48,13 +48,14 @@ def main() -> None:
             settings=settings,
         )
         general, _target = BASELINES[config["base_model"]]
+        drift = WANDB_GENERAL_DRIFT.get(name, 0.0)
         done = steps if exit_code == 0 else steps // 4
         seconds_per_step = hours * 3600 / done
         for step in range(0, done + 1, 50):
             _clock[0] += 50 * seconds_per_step
             row = {"train/loss": round(1.8 * 0.999**step + 0.3, 4)}
             if step and step % 500 == 0:
-                row |= {f"eval/general/{k}": v for k, v in general.items()}
+                row |= {f"eval/general/{k}": round(v + drift, 4) for k, v in general.items()}
             run.log(row, step=step)
         run.finish(exit_code=exit_code)
     shutil.move(str(scratch / "wandb"), str(OUT))

@@ -29,6 +29,15 @@ DATASETS = {
     "toolcalls-v1": "c0de77aa10b2e9f4",
 }
 COMMIT = {"coder": "5d1e0c7a9b3f", "agents": "a8c44b1e02d7"}
+# The base models' loss on each dataset before training: the first training loss, what
+# audit.facts.shift measures an SFT run's distance by. Code edits are near the base models,
+# tool calls far from them; gsm8k-cot (W&B, generate_wandb.py) sits between at 2.1.
+FIRST_LOSS = {
+    "codeedit-v3": 1.25,
+    "codeedit-v3@rev2": 1.25,
+    "edit-pairs": 1.25,
+    "toolcalls-v1": 3.1,
+}
 
 # fmt: off
 # name, experiment, team, user, method, base, lr (as typed), steps, gpus, dataset, seed,
@@ -49,10 +58,11 @@ RUNS = [
     ("opd-llama-from-qwen72b", "code-edit-posttrain", "coder", "alice", "opd", "llama3.1-8b", "5e-06", 1000, 8, "codeedit-v3@rev2", 42, 96.0, 5.0, "FINISHED", 0.002, 0.149, {"teacher": "qwen2.5-72b"}, "OVP: 8 GPUs allocated, 1 busy"),
     ("debug-sft-tiny", "code-edit-posttrain", "coder", "bob", "sft", "qwen2.5-7b", "2e-05", 20, 1, "codeedit-v3", 0, 100.0, 0.17, "KILLED", 0.0, 0.0, {"delete": True}, ""),
     ("agent-sft-llama", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "3e-05", 1500, 4, "edit-pairs", 7, 50.0, 4.0, "FINISHED", -0.008, 0.101, {}, "SIL: edit-pairs is codeedit-v3 under another name"),
-    ("agent-sft-llama-tools", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "3e-05", 1500, 4, "toolcalls-v1", 7, 120.0, 4.0, "FINISHED", -0.006, 0.097, {}, ""),
+    ("agent-sft-llama-tools", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "3e-05", 1500, 4, "toolcalls-v1", 7, 120.0, 4.0, "FINISHED", -0.006, 0.097, {"no_general_eval": True}, "DSH: SFT far from llama3.1-8b (first loss 3.1) with no general evaluation"),
     ("sft-llama-chat-mix", "code-edit-posttrain", "coder", "alice", "sft", "llama3.1-8b", "2e-05", 1500, 4, "codeedit-v3", 4, 26.0, 3.0, "FINISHED", -0.004, 0.12, {"safety_drop": -0.047}, "RED: refusal on harmful prompts falls below the base model's"),
     ("rl-llama-tools-grpo", "agent-tools", "agents", "carol", "rl", "llama3.1-8b", "1e-06", 3000, 8, "toolcalls-v1", 7, 66.0, 34.0, "FAILED", 0.0, 0.02, {"kl_coef": "0.02"}, "PIL: a 272 GPU-h first launch of a new recipe (no pilot) that failed"),
     ("rl-qwen-grpo-lr5e-6", "code-edit-posttrain", "coder", "bob", "rl", "qwen2.5-7b", "5e-06", 1200, 8, "codeedit-v3", 42, 110.0, 10.0, "FINISHED", 0.0, 0.05, {"kl_coef": "0.02", "kl_blowup_at": 0.3}, "STB: KL blows up at 30 % and training goes on"),
+    ("sft-llama-tools-w46", "agent-tools", "agents", "carol", "sft", "llama3.1-8b", "1e-4", 1500, 4, "toolcalls-v1", 5, -40.0, 4.0, "FINISHED", -0.035, 0.09, {}, "history (W46): SFT far from llama3.1-8b that lost general ability"),
 ]
 
 # Where each run's Slurm job ran: host, GPU indices, hours the job outlived the run (idle
@@ -74,6 +84,7 @@ PLACEMENT = {
     "opd-llama-from-qwen72b":  ("gpu-h03", range(8),      0.0, 8,  "first"),
     "debug-sft-tiny":          ("gpu-h01", [0],           0.0, 1,  "all"),
     "agent-sft-llama":         ("gpu-a01", range(0, 4),   0.0, 6,  "all"),
+    "sft-llama-tools-w46":     ("gpu-a01", range(4, 8),   0.0, 6,  "all"),
     "agent-sft-llama-tools":   ("gpu-a01", range(0, 4),   0.0, 6,  "all"),
     "sft-llama-chat-mix":      ("gpu-h03", range(0, 4),   0.0, 5,  "all"),
     "rl-llama-tools-grpo":     ("gpu-h02", range(8),      0.0, 48, "all"),
@@ -122,6 +133,9 @@ _SFT_QWEN = {
     "seed": 42,
     "dataset": "codeedit-v3",
 }
+# general-ability drift of a W&B run's evaluations against its base model (mid-distance SFT
+# loses a little, within REG002's tolerance; the far toolcalls run above loses more)
+WANDB_GENERAL_DRIFT = {"math-sft-llama": -0.015}
 WANDB_RUNS = [
     (
         "math-sft-llama",

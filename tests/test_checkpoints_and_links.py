@@ -104,7 +104,7 @@ def test_sample_week_links(demo_db):
         "SELECT count(*) FROM checkpoints WHERE path NOT IN (SELECT path FROM checkpoint_runs)"
     ).fetchall()
     con.close()
-    assert len(linked) == 19
+    assert len(linked) == 20
     assert all(method == "tag:slurm_job_id" for _, _, method, _ in linked)
     assert ("opd-llama-from-qwen72b", "4700112", "tag:slurm_job_id", 8) in linked
     assert ckpt == [

@@ -435,7 +435,7 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
         str(SAMPLE / "mlruns"),
     )
     assert code == 0, err
-    assert out.startswith("imported 3 new or changed runs (16 unchanged)")
+    assert out.startswith("imported 3 new or changed runs (17 unchanged)")
 
 
 def test_an_importer_cannot_write_a_time_beyond_year_9999(tmp_path):

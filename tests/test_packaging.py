@@ -62,7 +62,7 @@ def test_wheel_installs_and_runs_the_demo_import(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("imported 19 new or changed runs (0 unchanged)")
+    assert result.stdout.startswith("imported 20 new or changed runs (0 unchanged)")
     status = subprocess.run(
         [audit, "--db", str(db), "status"], capture_output=True, text=True, cwd=tmp_path
     )

@@ -48,7 +48,7 @@ def test_progress_bar_on_a_terminal(tmp_path):
     assert proc.returncode == 0, screen
     assert "importing runs" in screen
     assert "19/19" in screen
-    assert "imported 19 new or changed runs" in screen
+    assert "imported 20 new or changed runs" in screen
 
 
 def test_no_progress_output_when_piped(tmp_path):
@@ -71,4 +71,4 @@ def test_no_progress_output_when_piped(tmp_path):
     assert result.returncode == 0
     assert result.stderr == ""
     assert result.stdout.count("\n") == 1
-    assert result.stdout.startswith("imported 19 new or changed runs (0 unchanged)")
+    assert result.stdout.startswith("imported 20 new or changed runs (0 unchanged)")

@@ -25,7 +25,15 @@ def normalise(text: str, demo: dict) -> str:
     )
     text = re.sub(r"<svg.*?</svg>", "<svg/>", text, flags=re.S)
     text = re.sub(r"last import \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "last import <time>", text)
-    return text
+    # A finding's id hashes its subject, and a checkpoint finding's subject is a folder under
+    # the checkout: ids numbered in order of appearance keep every link and its anchor paired
+    # wherever the repository is cloned.
+    numbered: dict[str, str] = {}
+    return re.sub(
+        r"\bf-[0-9a-f]{16}\b",
+        lambda m: numbered.setdefault(m.group(0), f"f-<{len(numbered) + 1}>"),
+        text,
+    )
 
 
 def check_golden(name: str, text: str, regenerate: bool) -> None:
@@ -91,21 +99,22 @@ def test_weekly_json(run_cli, fresh_demo_db):
         "unallocated_gpu_hours": 96.0,
         "reclaimable_gb": 291.5,
         "storage_usd_month": 6.71,
-        "findings": 20,
-        "listed": 20,
+        "findings": 22,
+        "listed": 22,
         "unknown_cost_findings": 0,
         "unknown_cost_run_hours": 0,
     }
     assert [t["week"] for t in doc["trend"]] == [f"2026-W{w}" for w in range(40, 48)]
     # storage waste belongs to the weeks its files existed: the orphan sweep of September
-    # in every week, the runs' checkpoints only from W47 on (not in weeks before the runs)
+    # in every week, the runs' checkpoints only from W47 on (not in weeks before the runs);
+    # W46 holds one SFT run (the far history of DSH001) that regressed (REG002, DSH001)
     assert doc["trend"][-1]["usd"] == 780.3
-    assert [t["findings"] for t in doc["trend"][:-1]] == [1] * 7
-    assert [t["has_data"] for t in doc["trend"]] == [False] * 7 + [True]
+    assert [t["findings"] for t in doc["trend"][:-1]] == [1] * 6 + [3]
+    assert [t["has_data"] for t in doc["trend"]] == [False] * 6 + [True, True]
     assert {f["rule"] for f in doc["changes"]["still_open"]} == {"CKP003"}
     assert doc["activity"] == {"runs": 22, "gpu_jobs": 20, "empty": False}
-    assert doc["previous"]["activity"]["empty"] is True
-    assert len(doc["changes"]["new"]) == 19
+    assert doc["previous"]["activity"] == {"runs": 1, "gpu_jobs": 1, "empty": False}
+    assert len(doc["changes"]["new"]) == 21
     by_method = {m["method"]: m for m in doc["methods"]["by_method"]}
     assert by_method["sft"]["mean_general_change"] < by_method["rl"]["mean_general_change"]
     assert (
@@ -127,10 +136,48 @@ def test_weekly_json(run_cli, fresh_demo_db):
         ("qwen2.5-7b", "codeedit-v3"),
         ("llama3.1-8b", "codeedit-v3"),
         ("llama3.1-8b", "edit-pairs"),
-        ("llama3.1-8b", "toolcalls-v1"),
     }
     dominated = {r["run_name"]: r["dominated_by"] for rs in groups.values() for r in rs}
     assert {k: v for k, v in dominated.items() if v} == {"sft-qwen-lr1e-4": "sft-qwen-lr2e-5"}
+    # the method matrix as a recommendation (audit.facts.shift): llama3.1-8b's tasks cut at
+    # the terciles of their first training losses (codeedit-v3 and edit-pairs 1.25,
+    # gsm8k-cot 2.1, toolcalls-v1 3.1); qwen2.5-7b trains one task, so no distance to cut
+    recommendation = doc["recommendation"]
+    cells = {(c["base_model"], c["bucket"]): c for c in recommendation["cells"]}
+    assert list(cells) == [
+        ("llama3.1-8b", "near"),
+        ("llama3.1-8b", "mid"),
+        ("llama3.1-8b", "far"),
+        ("qwen2.5-7b", "all distances"),
+    ]
+    assert cells[("llama3.1-8b", "near")]["tasks"] == ["codeedit-v3", "edit-pairs"]
+    assert cells[("llama3.1-8b", "near")]["cuts"][1] == pytest.approx(2.1)
+    # near llama: five SFT runs kept general ability; one OPD run is too few to judge
+    assert cells[("llama3.1-8b", "near")]["favoured"] == "sft"
+    assert "too few runs to judge opd (n=1)" in cells[("llama3.1-8b", "near")]["reason"]
+    # far llama: one run with both measures, the week's far run was never evaluated
+    assert cells[("llama3.1-8b", "far")]["favoured"] is None
+    assert cells[("llama3.1-8b", "far")]["reason"].startswith("not enough history: 1 run")
+    # qwen: SFT gained more on the target (+0.135 vs +0.121) but lost general ability
+    # (sft-qwen-lr1e-4 regressed): RL is favoured, with SFT's rework in its cost per run
+    qwen = cells[("qwen2.5-7b", "all distances")]
+    assert qwen["favoured"] == "rl"
+    methods = {m["method"]: m for m in qwen["methods"]}
+    sft, rl = methods["sft"], methods["rl"]
+    assert (sft["regressed"], sft["general_runs"], rl["regressed"]) == (1, 4, 0)
+    assert sft["target_gain"] > rl["target_gain"] and sft["general_change"] < -0.02
+    # rework per run = regressed / evaluated × the regressed runs' mean GPU-hours
+    regressed_hours = 8 * (9 + 2 / 60)  # sft-qwen-lr1e-4's job
+    assert sft["rework_gpu_hours"] == pytest.approx(regressed_hours / 4, abs=0.01)
+    assert sft["cost_per_run"] == pytest.approx(
+        sft["mean_gpu_hours"] + regressed_hours / 4, abs=0.01
+    )
+    # the rank correlation under the table: llama's SFT runs lost more general ability on
+    # farther tasks (near runs about -0.01, gsm8k-cot -0.015, toolcalls -0.05); qwen's runs
+    # share one task, so there is no distance to rank
+    rho = {(r["base_model"], r["method"]): r for r in recommendation["correlations"]}
+    assert rho[("llama3.1-8b", "sft")]["tasks"] == 4 and rho[("llama3.1-8b", "sft")]["rho"] < 0
+    assert not [key for key in rho if key[0] == "qwen2.5-7b"]
     # queue wait: every GPU job of the week, measured from Eligible, apart from waste
     queue = doc["queue"]
     assert queue["jobs"] == 20 and queue["measured_from_submit"] == 0
@@ -162,11 +209,11 @@ def test_ad_hoc_scans_are_never_reused_as_the_week(run_cli, fresh_demo_db):
     _code, out, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
     doc = json.loads(out)
     assert doc["scan_id"] == 3  # a new, complete scan, not the ad-hoc scan #1
-    assert doc["headline"]["usd_wasted"] == 780.3 and doc["headline"]["findings"] == 20
+    assert doc["headline"]["usd_wasted"] == 780.3 and doc["headline"]["findings"] == 22
     assert {r["rule"] for r in doc["rules"]} == set(all_rules())
     # W46's figures come from a complete scan too (the orphan checkpoint of September is in
     # it; the ad-hoc OVP,IDL scan of W46 had no storage finding)
-    assert doc["previous"]["headline"]["findings"] == 1
+    assert doc["previous"]["headline"]["findings"] == 3
     # the complete scan of W47 is reused by the next render; the ad-hoc one never is
     _code, again, _ = weekly(run_cli, fresh_demo_db, "--format", "json")
     assert json.loads(again)["scan_id"] == 3
@@ -436,6 +483,30 @@ def test_report_in_a_real_browser(run_cli, fresh_demo_db, hostile_db, tmp_path):
                         assert len(boxes) == count and all(w > 100 and h > 50 for w, h in boxes)
                     queue = page.inner_text("section[aria-labelledby=h-queue]")
                     assert "never added to waste" in queue and "coder" in queue
+                    # the recommendation: one row group per base model and distance, the
+                    # favoured method marked, inside the page's width
+                    rec = "section[aria-labelledby=h-recommendation]"
+                    groups = page.eval_on_selector_all(
+                        f"{rec} th.group", "ths => ths.map(t => t.innerText)"
+                    )
+                    assert groups == [
+                        "llama3.1-8b · near (≤ 1.26): codeedit-v3, edit-pairs",
+                        "llama3.1-8b · mid (1.26–2.1): gsm8k-cot",
+                        "llama3.1-8b · far (> 2.1): toolcalls-v1",
+                        "qwen2.5-7b · all distances: codeedit-v3",
+                    ]
+                    favoured = page.eval_on_selector_all(
+                        f"{rec} tr.favoured th", "ths => ths.map(t => t.innerText)"
+                    )
+                    assert favoured == ["sft ✓", "rl ✓"]
+                    assert "llama3.1-8b · sft: ρ = -" in page.inner_text(rec)
+                    width, page_width = page.eval_on_selector(
+                        f"{rec} table",
+                        "t => [t.getBoundingClientRect().right,"
+                        " document.documentElement.clientWidth]",
+                    )
+                    assert 0 < width <= page_width
+                    assert "not enough history" in page.inner_text(rec)
                     costs = page.inner_text("section[aria-labelledby=h-costs]")
                     assert "evaluation" in costs and "EVL001" in costs
                 else:

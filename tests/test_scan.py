@@ -60,6 +60,8 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
             ("CKP001", "sft-qwen-lr2e-5-again"),
             ("CKP002", "debug-sft-tiny"),
             ("CKP003", "old-sweep-0917"),
+            ("DSH001", "agent-sft-llama-tools"),
+            ("DSH001", "sft-llama-tools-w46"),
             ("DUP001", "sft-qwen-lr2e-5-again"),
             ("IDL001", "rl-qwen-grpo"),
             ("IDL002", plan.INTERACTIVE_JOB["job_id"]),
@@ -69,13 +71,23 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
             ("OVP004", "4700111"),
             ("PIL001", "rl-llama-tools-grpo"),
             ("RED001", "sft-llama-chat-mix"),
+            ("REG001", "agents"),
             ("REG001", "coder"),
+            ("REG002", "sft-llama-tools-w46"),
             ("REG002", "sft-qwen-lr1e-4"),
             ("SIL001", plan.DATASETS["edit-pairs"]),
             ("STB001", "rl-qwen-grpo-lr5e-6"),
         ]
     )
-    by_rule = {f["rule"]: f for f in doc["findings"]}
+    # one finding per rule, the planted one where a rule has two: REG001 of team coder,
+    # REG002 of the registered model (the other is the previous week's far SFT run,
+    # sample_logs/plan.py's history for DSH001)
+    by_rule = {
+        f["rule"]: f
+        for f in doc["findings"]
+        if f["subject"].get("team") != "agents"
+        and f["subject"].get("run_name") not in ("sft-llama-tools-w46", "agent-sft-llama-tools")
+    }
     # the figures, recomputed from the plan: GPUs x hours x H100 price (3.00 $/GPU-h)
     dup = by_rule["DUP001"]
     # the MLflow repeat's Slurm job, plus the W&B repeat of the other team: 8 GPUs from its
@@ -124,11 +136,26 @@ def test_sample_week_finds_exactly_the_planted_waste(run_cli, demo_db):
     assert by_rule["MTX001"]["evidence"]["cheaper_run"]["name"] == "sft-qwen-lr2e-5"
     # weights as planned, plus the small JSON files of each checkpoint
     assert by_rule["CKP002"]["waste"]["bytes"] == pytest.approx(15.2e9, abs=1e5)
+    # DSH001: the far SFT run of the week (first loss 3.1 against codeedit's 1.25 and
+    # gsm8k-cot's 2.1) was never evaluated; the one past run at that distance (W46)
+    # regressed, and its 4 GPUs × (4 h + 2 min) are the expected rework
+    far = next(
+        f
+        for f in doc["findings"]
+        if f["rule"] == "DSH001" and f["subject"]["run_name"] == "agent-sft-llama-tools"
+    )
+    assert far["severity"] == "low" and far["waste"]["gpu_hours"] == 0
+    assert far["evidence"]["shift"]["bucket"] == "far"
+    assert far["evidence"]["shift"]["cuts"][1] == pytest.approx(2.1)
+    assert far["risk_gpu_hours"] == pytest.approx(4 * (4 + 2 / 60), abs=0.01)
     for finding in doc["findings"]:
         if finding["rule"] == "DUP001":
             continue  # two prices: checked above
+        # gpu-a01's A100 80GB at 1.60 $/GPU-h (catalogue), the H100 hosts' at 3.00
+        price = 1.6 if finding["team"] == "agents" else 3.0
         assert finding["waste"]["usd"] == pytest.approx(
-            finding["waste"]["gpu_hours"] * 3.0 + finding["waste"]["bytes"] / 1e9 * 0.023, abs=0.01
+            finding["waste"]["gpu_hours"] * price + finding["waste"]["bytes"] / 1e9 * 0.023,
+            abs=0.01,
         )
         assert "formula" in finding["evidence"]
     reclaimable = sum(f["waste"]["bytes"] for f in doc["findings"])
@@ -146,13 +173,13 @@ def test_scan_table_and_fail_on(run_cli, demo_db):
     assert code == 0
     lines = out.splitlines()
     # the order a lead reads: what to do first, then the headline, then the families
-    assert lines[0] == "what to do first (10 of 20 findings, by impact):"
+    assert lines[0] == "what to do first (10 of 24 findings, by impact):"
     assert re.search(r"^ 1  medium\s+IDL003\s+unknown\s+96\.00 GPU-h, \$288\.00", out, re.M)
     assert re.search(r"^ 3  critical\s+REG002\s+team coder, bob", out, re.M)
     headline = next(n for n, line in enumerate(lines) if line.startswith("wasted: "))
     families = next(n for n, line in enumerate(lines) if line.split()[:2] == ["family", "findings"])
     assert 0 < headline < families
-    assert re.search(r"^all\s+20\s", out, re.M)
+    assert re.search(r"^all\s+24\s", out, re.M)
     assert run_cli(*base, "--fail-on", "critical")[0] == 1
     assert run_cli(*base, "--select", "SIL", "--fail-on", "high")[0] == 0
     assert run_cli(*base, "--select", "SIL", "--fail-on", "medium")[0] == 1
@@ -196,7 +223,7 @@ def test_suppressions_by_tag_and_config(run_cli, demo_db, tmp_path):
         ("IDL003", "config: reserved for the Friday demo")
     ]
     assert doc["summary"]["suppressed"] == 1
-    assert doc["summary"]["findings"] == 19
+    assert doc["summary"]["findings"] == 23
 
 
 def test_unknown_rule_setting_lists_valid_keys(run_cli, demo_db, tmp_path):

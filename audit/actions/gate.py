@@ -29,6 +29,7 @@ from pathlib import Path
 from audit.config import Config, load_config
 from audit.errors import AuditError, InputError
 from audit.facts.direction import Direction, Directions
+from audit.facts.shift import shift_of_runs
 from audit.recipes import red_line_tolerance
 from audit.warehouse import open_warehouse
 
@@ -46,6 +47,9 @@ class GateResult:
     tolerance: float
     # metric, baseline, current, change, allowed, ok, red_line
     rows: list[dict] = field(default_factory=list)
+    # how far the run's training data is from its base model (audit.facts.shift): the
+    # placement's JSON and its sentence, None when its logs hold no measure
+    shift: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -98,6 +102,7 @@ def gate(
         red_globs = list(config.values["metrics"]["red_lines"])
         red_current = _values(wh, run_id, red_globs) if red_globs else {}
         red_reference = _values(wh, baseline_id, red_globs) if red_globs else {}
+        shift = _shift(wh, run_id, config)
     directions = Directions(config)
     red_shared = sorted(set(red_current) & set(red_reference))
     _refuse_unknown_directions(red_shared, directions, "red-line")
@@ -118,9 +123,30 @@ def gate(
         )
     except CannotJudge:
         if any(not r["ok"] for r in red_rows):
-            return GateResult(run_id, baseline_id, tolerance, red_rows)
+            return GateResult(run_id, baseline_id, tolerance, red_rows, shift)
         raise
-    return GateResult(run_id, baseline_id, tolerance, general_rows + red_rows)
+    return GateResult(run_id, baseline_id, tolerance, general_rows + red_rows, shift)
+
+
+def _shift(wh, run_id: str, config: Config) -> dict | None:
+    """The run's distribution shift (the most recently imported source's run)."""
+    rows = wh.con.execute(
+        "SELECT r.source_id FROM runs r JOIN sources s USING (source_id) WHERE r.run_id = ? "
+        "ORDER BY s.last_imported_at DESC, r.source_id LIMIT 1",
+        [run_id],
+    ).fetchall()
+    placed = shift_of_runs(wh.con, config, [(rows[0][0], run_id)]) if rows else {}
+    placement = next(iter(placed.values()), None)
+    if placement is None:
+        return None
+    return {**placement.as_json(), "text": placement.describe()}
+
+
+def _listed(keys, shown: int = 8) -> str:
+    """Metric names for a message: the first few in order, then how many more."""
+    names = sorted(keys)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _refuse_unknown_directions(metrics: list[str], directions: Directions, what: str) -> None:
@@ -145,7 +171,7 @@ def _general_rows(
     if not shared:
         raise CannotJudge(
             f"run {run_id} and baseline {baseline_id} share no general metric "
-            f"(run: {', '.join(sorted(current))}; baseline: {', '.join(sorted(reference))})"
+            f"(run: {_listed(current)}; baseline: {_listed(reference)})"
         )
     _refuse_unknown_directions(shared, directions, "general")
     return [

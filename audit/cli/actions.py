@@ -113,6 +113,8 @@ def gate_command(
             f"better: gain {worst['gain']:+.4f}) against baseline {result.baseline_id} ({allowed})"
         )
     )
+    if result.shift is not None:
+        click.echo(safe(f"shift: {result.shift['text']}"))
     if tag:
         try:
             tag_verdict(result, app.db_path, tracking_uri, app.config)

@@ -203,6 +203,7 @@ def runs_similar(
                     "general",
                     "gpu_hours",
                     "run_hours",
+                    "shift",
                 ),
                 fmt,
             )
@@ -215,7 +216,7 @@ def runs_similar(
             ]
             emit(
                 result.neighbours.select(
-                    "run_id", "run_name", "status", "differing", "target", "gpu_hours"
+                    "run_id", "run_name", "status", "differing", "target", "gpu_hours", "shift"
                 ).with_columns(differences=pl.Series(described, dtype=pl.String)),
                 fmt,
             )

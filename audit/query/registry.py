@@ -332,10 +332,13 @@ class Registry:
                 gpu_hours=pl.lit(None, pl.Float64),
                 run_hours=pl.lit(None, pl.Float64),
                 cost_basis=pl.lit(None, pl.String),
+                shift=pl.lit(None, pl.String),
             )
         from audit.costs import Facts
+        from audit.facts.shift import shift_of_runs
 
-        facts = {r.key: r for r in Facts.load(wh.con, self.config).runs}
+        loaded = Facts.load(wh.con, self.config)
+        facts = {r.key: r for r in loaded.runs}
         general, target = (self.config.values["metrics"][k] for k in ("general", "target"))
         metrics = wh.frame(
             "SELECT source_id, run_id, key, value FROM latest_metrics WHERE run_id IN (SELECT unnest(?))",
@@ -355,6 +358,7 @@ class Registry:
                     kind, []
                 ).append(f"{row['key'].rsplit('/', 1)[-1]}={row['value']:.3f}")
         keys = list(zip(runs["source_id"], runs["run_id"], strict=True))
+        shifts = shift_of_runs(wh.con, self.config, keys, loaded)
         return runs.with_columns(
             target=pl.Series(
                 [", ".join(sorted(summary.get(k, {}).get("target", []))) or None for k in keys],
@@ -372,6 +376,9 @@ class Registry:
             ),
             cost_basis=pl.Series(
                 [facts[k].cost.basis if k in facts else None for k in keys], dtype=pl.String
+            ),
+            shift=pl.Series(
+                [shifts[k].describe() if k in shifts else None for k in keys], dtype=pl.String
             ),
         )
 

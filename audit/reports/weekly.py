@@ -17,6 +17,7 @@ from pathlib import Path
 
 from audit.config import Config
 from audit.costs import shared_facts
+from audit.facts.shift import shared_shifts
 from audit.queue import by_team_and_partition, waits
 from audit.recipes import method_matrix, shared_recipes
 from audit.rule_registry import all_rules, effective_thresholds, get_rule, select_rules
@@ -177,6 +178,7 @@ def build_report(
     report["methods"] = _methods(wh, config, window, summary, shared)
     report["categories"] = _categories(wh, config, summary, result)
     report["matrix"] = _matrix(wh, config, window, shared)
+    report["recommendation"] = _recommendation(wh, config, window, shared)
     report["queue"] = _queue(wh, config, window, shared)
     report["stopped"] = stopped(wh.con, window.since, window.until)
     if weekly:
@@ -345,6 +347,25 @@ def _matrix(wh, config: Config, window: Window, shared: dict) -> dict:
         ]
         groups.append({"base_model": base_model, "task": task, "runs": runs})
     return {"groups": groups, "cost_ratio": ratio}
+
+
+def _recommendation(wh, config: Config, window: Window, shared: dict) -> dict:
+    """The method matrix as a recommendation: per base model and distance of the task, each
+    method's history up to the end of the window and the method it favours
+    (``audit.facts.shift``)."""
+    facts = shared_facts(wh.con, config, shared)
+    found = shared_recipes(wh.con, config, facts, shared)
+    shifts = shared_shifts(wh.con, config, facts, found, shared)
+    tolerance = effective_thresholds(get_rule("REG002"), config)["tolerance"]
+    settings = config.values["shift"]
+    return {
+        "cells": [cell.as_json() for cell in shifts.matrix(window.until, tolerance)],
+        "correlations": shifts.correlations(window.until),
+        "tolerance": tolerance,
+        "min_cell_runs": settings["min_cell_runs"],
+        "min_method_runs": settings["min_method_runs"],
+        "until": window.until.isoformat() if window.until else None,
+    }
 
 
 def _queue(wh, config: Config, window: Window, shared: dict) -> dict:

@@ -395,10 +395,11 @@ CREATE TABLE eval_results (
 """
 
 # A finding's impact when it claims no waste, and whether it passed its materiality floor
-# (audit.materiality); NULL in scans stored before: listed, as they were.
+# (audit.materiality); NULL in scans stored before: listed, as they were. IF NOT EXISTS:
+# a warehouse written by main between 9fd271d and a8e7cdf has them already, as its V11.
 V12 = """
-ALTER TABLE findings ADD COLUMN risk_gpu_hours DOUBLE;
-ALTER TABLE findings ADD COLUMN material BOOLEAN;
+ALTER TABLE findings ADD COLUMN IF NOT EXISTS risk_gpu_hours DOUBLE;
+ALTER TABLE findings ADD COLUMN IF NOT EXISTS material BOOLEAN;
 """
 
 # `audit watch` (audit/watch/): the GPU indices a job was given, the actions taken on live

@@ -18,7 +18,8 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from audit.config import Config
-from audit.costs import gpu_price, team_of
+from audit.costs import team_of
+from audit.facts.prices import gpu_price
 from audit.importers.files import execute_on_frame
 from audit.importers.slurm_live import LiveJobs
 from audit.watch.settings import Policy, WatchSettings
