@@ -15,7 +15,6 @@ through the same run-batch writer, so every rule, search and report sees all tra
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from audit.importers.run_store import (
 )
 from audit.importers.search_index import refresh_search_tables
 from audit.importers.telemetry import SAMPLE_SCHEMA
+from audit.redact import redact_text
 from audit.warehouse.samples import append_samples, delete_samples
 
 # Metric points without run_id: what a parser hands over for one run.
@@ -51,14 +51,7 @@ POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}
 GPU_SAMPLE_SCHEMA = {
     k: v for k, v in SAMPLE_SCHEMA.items() if k not in ("job_label", "pod", "origin")
 }
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
 RUN_TABLES = ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs")
-
-
-def without_emails(text: str) -> str:
-    """E-mail addresses replaced: a run's metadata or config must not carry them into the
-    warehouse, reports or exports."""
-    return _EMAIL.sub("<e-mail removed>", text)
 
 
 @dataclass
@@ -135,6 +128,7 @@ class RunFolderSource(FileSource):
 
     def write(self, con, unit: Path, parsed) -> int:
         run: ParsedRun = parsed.payload
+        run.experiment = redact_text(run.experiment)  # its id and its name
         source_id = self.source_id(run)
         if source_id not in self.sources:
             location = str(run.source_dir)
@@ -184,7 +178,7 @@ class RunFolderSource(FileSource):
                 {
                     "run_id": run.run_id,
                     "experiment_id": run.experiment,
-                    "name": without_emails(run.name) if run.name else run.name,
+                    "name": run.name,
                     "user_id": run.user_id,
                     "status": run.status,
                     "start_time": run.start_ms,
@@ -258,11 +252,7 @@ class _RunQueue:
 
 def _frame(column_rows: list[tuple[str, dict[str, str]]], schema: dict) -> pl.DataFrame:
     return pl.DataFrame(
-        [
-            (run_id, k, without_emails(v))
-            for run_id, values in column_rows
-            for k, v in values.items()
-        ],
+        [(run_id, k, v) for run_id, values in column_rows for k, v in values.items()],
         schema=schema,
         orient="row",
     )

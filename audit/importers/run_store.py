@@ -7,7 +7,8 @@ Readers produce polars frames with the fixed columns below (times as epoch milli
 tracker land in the same tables, each with the ``source_id`` of where it came from. Every
 time passes ``epoch_ms_to_datetime`` on its way in: epoch milliseconds between years 1 and
 9999 (what every reader of the warehouse can represent), else the import is refused with the
-source, the run and the field.
+source, the run and the field. Every text passes ``audit.redact`` on its way in: e-mail
+addresses and credentials are never stored, whichever tracker they came from.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import polars as pl
 from audit.errors import InputError
 from audit.importers.files import execute_on_frame, insert_frame
 from audit.importers.params import normalised_params
+from audit.redact import redact_frame, redact_keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 EPOCH_MS_MIN = int((datetime(1, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds() * 1000)
@@ -146,11 +148,14 @@ def write_batch(con, batch: DetailBatch, source_id: str, location: str) -> None:
         else latest_from_history(batch.metrics)
     )
     source = pl.lit(source_id)
-    insert_frame(con, "params", normalised_params(batch.params).with_columns(source_id=source))
-    insert_frame(con, "tags", batch.tags.with_columns(source_id=source))
+    params = redact_frame(redact_keys(batch.params, "key"), ["value"], keyed=("key", "value"))
+    tags = redact_frame(redact_keys(batch.tags, "key"), ["value"], keyed=("key", "value"))
+    datasets = redact_frame(batch.datasets, ["name", "source", "context"])
+    insert_frame(con, "params", normalised_params(params).with_columns(source_id=source))
+    insert_frame(con, "tags", tags.with_columns(source_id=source))
     insert_frame(con, "metrics", metric_frame(batch.metrics, source_id, location))
     insert_frame(con, "latest_metrics", metric_frame(latest, source_id, location))
-    insert_frame(con, "dataset_inputs", batch.datasets.with_columns(source_id=source))
+    insert_frame(con, "dataset_inputs", datasets.with_columns(source_id=source))
 
 
 def upsert_source(con, source_id: str, kind: str, location: str, now: datetime) -> None:
@@ -165,7 +170,7 @@ def upsert_source(con, source_id: str, kind: str, location: str, now: datetime) 
 
 def replace_experiments(con, source_id: str, experiments: pl.DataFrame, location: str) -> None:
     frame = epoch_ms_to_datetime(
-        experiments,
+        redact_frame(experiments, ["name", "artifact_location"]),
         ["creation_time", "last_update_time"],
         "experiment",
         "experiment_id",
@@ -181,12 +186,16 @@ def replace_experiments(con, source_id: str, experiments: pl.DataFrame, location
 
 
 def runs_frame(runs: pl.DataFrame, source_id: str, now: datetime, location: str) -> pl.DataFrame:
+    runs = redact_frame(
+        runs, ["name", "source_name", "artifact_uri", "signature"], users=["user_id"]
+    )
     return epoch_ms_to_datetime(
         runs, ["start_time", "end_time", "deleted_time"], "run", "run_id", location
     ).with_columns(source_id=pl.lit(source_id), imported_at=pl.lit(now))
 
 
 def metric_frame(metrics: pl.DataFrame, source_id: str, location: str) -> pl.DataFrame:
+    metrics = redact_keys(metrics, "key")
     checked = epoch_ms_to_datetime(metrics, ["timestamp"], "metric of run", "run_id", location)
     return checked.with_columns(
         source_id=pl.lit(source_id),

@@ -63,6 +63,7 @@ from audit.importers.run_files import (
 )
 from audit.importers.run_store import latest_from_history
 from audit.importers.store_files import read_found_text, require_found_file
+from audit.redact import redact_arguments, redact_json_values, redact_tree, redact_user_id
 from audit.walk import walk
 
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
@@ -278,7 +279,13 @@ class RunState:
     head_bytes: int = 0
 
     def as_json(self) -> str:
-        return json.dumps({**self.__dict__, "state_format": STATE_VERSION}, allow_nan=True)
+        """The state as stored in ``run_files.state``: redacted like every stored text."""
+        plain = {k: v for k, v in self.__dict__.items() if k not in ("args", "summary")}
+        data = redact_tree(json.loads(json.dumps(plain, allow_nan=True)))
+        data["user"] = redact_user_id(self.user)
+        data["args"] = redact_arguments(self.args)
+        data["summary"] = redact_json_values(self.summary)
+        return json.dumps({**data, "state_format": STATE_VERSION}, allow_nan=True)
 
     @classmethod
     def from_json(cls, text: str) -> RunState | None:
