@@ -53,8 +53,10 @@ import polars as pl
 
 from audit import bounded_yaml
 from audit.errors import InputError
+from audit.importers import numbers
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
+from audit.importers.read import jsonl_records, parse_json
 from audit.importers.run_files import (
     GPU_SAMPLE_SCHEMA,
     POINT_SCHEMA,
@@ -320,10 +322,10 @@ def _item_path(item) -> list[str]:
     return [item.key] if item.key else list(item.nested_key)
 
 
-def _json(text: str, where: str):
+def _json(text: str, where: object):
     try:
-        return json.loads(text)
-    except ValueError:
+        return parse_json(text, where)
+    except InputError:
         raise InputError(f"{where}: a value is not JSON ({text[:40]!r})") from None
 
 
@@ -661,7 +663,7 @@ def _fold_environment(env, state: RunState) -> None:
 
 def _fold_metadata_file(folder: Path, state: RunState) -> None:
     """``files/wandb-metadata.json`` (old versions keep host, user and GPUs only there)."""
-    meta = _read_json(folder / "files" / "wandb-metadata.json")
+    meta = _read_json(folder / "files" / "wandb-metadata.json", folder)
     if not isinstance(meta, dict):
         return
     state.host = state.host or str(meta.get("host") or "")
@@ -696,14 +698,12 @@ def _fold_metadata_file(folder: Path, state: RunState) -> None:
             }
 
 
-def _read_json(path: Path):
+def _read_json(path: Path, folder: Path):
+    """A JSON file of the run folder ``folder`` (no link followed on the way: a ``files/``
+    linked elsewhere is refused)."""
     if not os.path.lexists(path):
         return None
-    text = read_found_text(path, MAX_FILES_BYTES, "a W&B run file")
-    try:
-        return json.loads(text)
-    except (RecursionError, ValueError) as exc:
-        raise InputError(f"{path}: not readable JSON ({' '.join(str(exc).split())})") from None
+    return parse_json(read_found_text(path, MAX_FILES_BYTES, "a W&B run file", folder), path)
 
 
 def _iso_ms(text) -> int | None:
@@ -754,9 +754,14 @@ def slurm_job_id(state: RunState, params: dict[str, str]) -> str | None:
     return None
 
 
-def _summary_points(state: RunState, history_keys: set[str], end_ms) -> pl.DataFrame:
-    """Numeric summary values of keys never logged as history, as one point at the end."""
-    decoded = {k: _json(v, "summary") for k, v in state.summary.items() if k not in history_keys}
+def _summary_points(state: RunState, history_keys: set[str], end_ms, where: Path) -> pl.DataFrame:
+    """Numeric summary values of keys never logged as history, as one point at the end;
+    ``where`` (the log, or files/wandb-summary.json) names the file a bad value came from."""
+    decoded = {
+        k: _json(v, f"{where}: summary {k[:60]!r}")
+        for k, v in state.summary.items()
+        if k not in history_keys
+    }
     values = {}
     for key, value in flatten_config(
         {k: v for k, v in decoded.items() if not k.startswith("_")}
@@ -965,7 +970,7 @@ class WandbSource(RunFolderSource):
         ).select(list(POINT_SCHEMA))
         state.latest = latest_history.select("key", "step", "timestamp", "value").rows()
         end_ms = _end_ms(state)
-        summary = _summary_points(state, history_keys, end_ms)
+        summary = _summary_points(state, history_keys, end_ms, log)
         params = config_params(state.config)
         job_id = slurm_job_id(state, params)
         run = ParsedRun(
@@ -1038,13 +1043,13 @@ class WandbSource(RunFolderSource):
         config_file = files / "config.yaml"
         if os.path.lexists(config_file):
             config = bounded_yaml.load(
-                read_found_text(config_file, MAX_FILES_BYTES, "a W&B config.yaml"),
+                read_found_text(config_file, MAX_FILES_BYTES, "a W&B config.yaml", folder),
                 config_file,
                 "a W&B config as YAML",
             )
             if isinstance(config, dict):
                 state.config = config
-        summary = _read_json(files / "wandb-summary.json")
+        summary = _read_json(files / "wandb-summary.json", folder)
         if isinstance(summary, dict):
             state.summary = {k: json.dumps(v) for k, v in summary.items()}
             runtime = (
@@ -1055,14 +1060,16 @@ class WandbSource(RunFolderSource):
             if isinstance(runtime, int | float):
                 state.runtime_s = float(runtime)
         _fold_metadata_file(folder, state)
-        points = _history_file(files / "wandb-history.jsonl", state)
+        points = _history_file(files / "wandb-history.jsonl", state, folder)
         state.latest = (
             latest_from_history(points.with_columns(run_id=pl.lit("")))
             .select("key", "step", "timestamp", "value")
             .rows()
         )
         end_ms = _end_ms(state)
-        summary_points = _summary_points(state, set(points["key"].unique()), end_ms)
+        summary_points = _summary_points(
+            state, set(points["key"].unique()), end_ms, files / "wandb-summary.json"
+        )
         params = config_params(state.config)
         return ParsedRun(
             source_dir=folder.parent,
@@ -1089,34 +1096,27 @@ def _config_value(config: dict, key: str):
     return value.get("value") if isinstance(value, dict) else value
 
 
-def _history_file(path: Path, state: RunState) -> pl.DataFrame:
+def _history_file(path: Path, state: RunState, folder: Path) -> pl.DataFrame:
     """``files/wandb-history.jsonl`` of old wandb versions, when present."""
     history = _History()
     if not os.path.lexists(path):
         return history.frame()
-    require_found_file(path)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise InputError(f"{path}:{number}: not a JSON line") from None
-            if not isinstance(row, dict):
-                continue
-            step = row.get("_step")
-            ts = row.get("_timestamp")
-            ms = int(ts * 1000) if isinstance(ts, int | float) else None
-            keys = [k for k in row if k not in _HIDDEN_HISTORY]
-            history.add_row(
-                keys,
-                [json.dumps(row[k]) for k in keys],
-                step if isinstance(step, int) else None,
-                ms,
-            )
-            state.history_rows += 1
-            state.see_time(ms)
+    for number, row in jsonl_records(path, "a W&B history file", folder):
+        if not isinstance(row, dict):
+            continue
+        step = row.get("_step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            numbers.step(step, f"{path}:{number}", "_step")
+        ms = numbers.epoch_seconds_to_ms(row.get("_timestamp"))
+        keys = [k for k in row if k not in _HIDDEN_HISTORY]
+        history.add_row(
+            keys,
+            [json.dumps(row[k]) for k in keys],
+            step if isinstance(step, int) and not isinstance(step, bool) else None,
+            ms,
+        )
+        state.history_rows += 1
+        state.see_time(ms)
     return history.frame()
 
 
