@@ -16,13 +16,16 @@ through the same run-batch writer, so every rule, search and report sees all tra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 
+from audit.importers import numbers
 from audit.importers.files import (
     FileImportSummary,
     FileSource,
+    ParsedUnit,
     execute_on_frame,
     insert_frame,
     now_utc,
@@ -40,7 +43,13 @@ from audit.importers.run_store import (
     write_batch,
 )
 from audit.importers.search_index import refresh_search_tables
-from audit.importers.telemetry import SAMPLE_SCHEMA
+from audit.importers.telemetry import (
+    FIRST_YEAR,
+    LAST_YEAR,
+    SAMPLE_SCHEMA,
+    VALID_RANGES,
+    valid_value,
+)
 from audit.redact import redact_text
 from audit.warehouse.samples import append_samples, delete_samples
 
@@ -81,6 +90,14 @@ class ParsedRun:
     records: int = 0  # records or lines read, for the file log
 
 
+def _shown_ms(ms: int) -> str:
+    """Epoch milliseconds in a message: as a time when one can be shown, else the number."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, ValueError, OSError):
+        return f"{ms} ms"
+
+
 def source_id_of(kind: str, source_dir: Path) -> str:
     return stable_hash(kind, str(source_dir))[:12]
 
@@ -106,6 +123,61 @@ class RunFolderSource(FileSource):
 
     def known_signature(self, source_dir: Path, run_id: str) -> str | None:
         return self.known.get((source_id_of(self.kind, source_dir), run_id))
+
+    def parse_checked(self, unit: Path) -> ParsedUnit:
+        """A run as parsed, held to the bounds every tracker's values keep to before any of
+        it is stored: run and point times in the years FIRST_YEAR-LAST_YEAR (else unknown,
+        with a warning: a start in year 1019 from a runtime of 3e10 s priced a week at
+        millions), GPU samples within telemetry's valid ranges (else left out)."""
+        parsed = self.parse(unit)
+        run: ParsedRun = parsed.payload
+        if run.unchanged:
+            return parsed
+        where = f"{unit}: run {run.run_id}"
+        for name in ("start_ms", "end_ms"):
+            ms = getattr(run, name)
+            if ms is not None and numbers.plausible_ms(ms) is None:
+                setattr(run, name, None)
+                parsed.warnings.append(
+                    f"{where}: {name[:-3]}_time {_shown_ms(ms)} is outside the years "
+                    f"{FIRST_YEAR}-{LAST_YEAR}; left unknown"
+                )
+        outside = pl.col("timestamp").is_not_null() & ~pl.col("timestamp").is_between(
+            numbers.FIRST_MS, numbers.END_MS - 1
+        )
+        for frame_name in ("points", "latest"):
+            frame = getattr(run, frame_name)
+            if frame is None:
+                continue
+            count = frame.select(outside.sum()).item()
+            if count:
+                setattr(
+                    run,
+                    frame_name,
+                    frame.with_columns(
+                        timestamp=pl.when(outside).then(None).otherwise(pl.col("timestamp"))
+                    ),
+                )
+                if frame_name == "points":
+                    parsed.warnings.append(
+                        f"{where}: {count:,} metric points with a time outside the years "
+                        f"{FIRST_YEAR}-{LAST_YEAR}; kept without a time"
+                    )
+        samples = run.gpu_samples
+        if samples is not None and samples.height:
+            valid = pl.all_horizontal(
+                *(valid_value(c) for c in VALID_RANGES),
+                pl.col("ts").dt.year().is_between(FIRST_YEAR, LAST_YEAR),
+            )
+            kept = samples.filter(valid)
+            if kept.height < samples.height:
+                parsed.warnings.append(
+                    f"{where}: {samples.height - kept.height:,} GPU samples left out: a value "
+                    "outside the ranges telemetry files are held to (NaN, infinite, negative, "
+                    f"utilisation above 100 %) or a time outside {FIRST_YEAR}-{LAST_YEAR}"
+                )
+                run.gpu_samples = kept
+        return parsed
 
     def begin(self, con) -> None:
         # Read once, before any unit is parsed: parsers (in worker threads) look them up.

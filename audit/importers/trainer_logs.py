@@ -33,6 +33,7 @@ import polars as pl
 
 from audit import bounded_yaml
 from audit.errors import InputError
+from audit.importers import numbers
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
 from audit.importers.read import MAX_LINE_VALUES, jsonl_records, parse_json
@@ -54,7 +55,7 @@ STATE_PARAMS = (
     "train_batch_size",
 )
 _LF_NOT_METRICS = {"current_steps", "total_steps", "percentage", "elapsed_time", "remaining_time"}
-_ELAPSED = re.compile(r"^(?:(\d+) days?, )?(\d+):(\d\d):(\d\d)(?:\.\d+)?$")
+_ELAPSED = re.compile(r"^(?:(\d{1,9}) days?, )?(\d{1,12}):(\d\d):(\d\d)(?:\.\d+)?$")
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -128,7 +129,7 @@ def _number(value) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, int | float):
-        return float(value)
+        return numbers.finite(value) if isinstance(value, int) else value
     if isinstance(value, str):
         try:
             return float(value)
@@ -240,14 +241,20 @@ class TrainerLogSource(RunFolderSource):
             run.points = _points(rows)
             run.records = len(history)
         runtime = next(
-            (e["train_runtime"] for e in reversed(history) if _number(e.get("train_runtime"))),
+            (
+                e["train_runtime"]
+                for e in reversed(history)
+                if numbers.seconds_to_ms(_number(e.get("train_runtime")))  # not NaN, inf, 3e10
+            ),
             None,
         )
         if run.end_ms is None:
             run.end_ms = _mtime_ms(path)
             first_saved = min(_mtime_ms(p) for p, _ in all_states)
             run.start_ms = (
-                run.end_ms - int(float(runtime) * 1000) if runtime is not None else first_saved
+                run.end_ms - numbers.seconds_to_ms(_number(runtime))
+                if runtime is not None
+                else first_saved
             )
             run.tags["audit.time_basis"] = (
                 "end: trainer_state.json modified; start: end - train_runtime"
@@ -277,9 +284,8 @@ class TrainerLogSource(RunFolderSource):
             if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
                 raise InputError(f"{path}:{number}: expected {{'step': N, 'data': {{...}}}}")
             step = entry.get("step")
-            if step is not None and not isinstance(step, int):
-                raise InputError(f"{path}:{number}: step is not an integer: {step!r}")
-            elapsed = _number(entry.get("elapsed_seconds"))
+            numbers.step(step, f"{path}:{number}")
+            elapsed = numbers.seconds_to_ms(_number(entry.get("elapsed_seconds")))
             last_elapsed = elapsed if elapsed is not None else last_elapsed
             entries += 1
             for key, value in entry["data"].items():
@@ -290,10 +296,10 @@ class TrainerLogSource(RunFolderSource):
         end = _mtime_ms(path)
         points = _points(rows)
         if last_elapsed is not None:
-            start = end - int(last_elapsed * 1000)
+            start = end - last_elapsed
             points = points.with_columns(
                 timestamp=pl.Series(
-                    [start + int(e * 1000) if e is not None else None for e in elapsed_of],
+                    [start + e if e is not None else None for e in elapsed_of],
                     dtype=pl.Int64,
                 )
             )
@@ -328,11 +334,8 @@ def _trainer_state(path: Path, folder: Path) -> dict:
         if not isinstance(entry, dict):
             raise InputError(f"{path}: log_history[{index}] is not an object")
         step = entry.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise InputError(f"{path}: log_history[{index}].step is not an integer: {step!r}")
-    global_step = state.get("global_step", 0)
-    if isinstance(global_step, bool) or not isinstance(global_step, int):
-        raise InputError(f"{path}: global_step is not an integer: {global_step!r}")
+        numbers.step(step, path, f"log_history[{index}].step")
+    global_step = numbers.step(state.get("global_step", 0), path, "global_step")
     state["log_history"] = history
     state["global_step"] = global_step
     return state
@@ -355,6 +358,7 @@ def _llamafactory_log(path: Path):
         step = entry.get("current_steps") if isinstance(entry, dict) else None
         if isinstance(step, bool) or not isinstance(step, int):
             raise InputError(f"{path}:{number}: expected an object with an integer current_steps")
+        numbers.step(step, f"{path}:{number}", "current_steps")
         entries.append((number, entry))
     elapsed = [_elapsed_ms(e.get("elapsed_time")) for _, e in entries]
     span = max((e for e in elapsed if e is not None), default=None)
@@ -382,7 +386,7 @@ def _elapsed_ms(text) -> int | None:
     if not match:
         return None
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    return ((days * 24 + hours) * 3600 + minutes * 60 + seconds) * 1000
+    return numbers.seconds_to_ms((days * 24 + hours) * 3600 + minutes * 60 + seconds)
 
 
 def import_trainer_logs(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):

@@ -329,17 +329,11 @@ def _json(text: str, where: object):
         raise InputError(f"{where}: a value is not JSON ({text[:40]!r})") from None
 
 
-_LAST_MS = 32_503_680_000_000  # year 3000: later (or negative) times are damage, not data
-
-
 def _ms(timestamp) -> int | None:
+    """A protobuf time; unset, or outside the years every tracker's times keep to: None."""
     if not timestamp.seconds and not timestamp.nanos:
         return None
-    return _plausible(timestamp.seconds * 1000 + timestamp.nanos // 1_000_000)
-
-
-def _plausible(ms: int | None) -> int | None:
-    return ms if ms is not None and 0 <= ms < _LAST_MS else None
+    return numbers.plausible_ms(timestamp.seconds * 1000 + timestamp.nanos // 1_000_000)
 
 
 # -- reading the log ------------------------------------------------------------------------
@@ -461,9 +455,11 @@ def _decode(path: Path, payloads: list[bytes], offsets: list[int], record_class=
                 if key in _HIDDEN_HISTORY:
                     try:
                         if key == "_step":
-                            step = int(float(item.value_json))
+                            step = numbers.step(
+                                int(float(item.value_json)), f"{path}: byte {offset}", "_step"
+                            )
                         elif key == "_timestamp":
-                            ms = _plausible(int(float(item.value_json) * 1000))
+                            ms = numbers.epoch_seconds_to_ms(float(item.value_json))
                     except (ValueError, OverflowError):
                         raise InputError(
                             f"{path}: byte {offset}: history {key} is not a number: "
@@ -715,7 +711,7 @@ def _iso_ms(text) -> int | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    return numbers.plausible_ms(int(moment.timestamp() * 1000))
 
 
 # -- from state to rows -----------------------------------------------------------------------
@@ -847,8 +843,9 @@ def _status(state: RunState, from_files: bool) -> str | None:
 
 def _end_ms(state: RunState) -> int | None:
     ends = [state.last_ms]
-    if state.start_ms is not None and state.runtime_s:
-        ends.append(state.start_ms + int(state.runtime_s * 1000))
+    runtime_ms = numbers.seconds_to_ms(state.runtime_s)  # NaN, inf, 1e300: unknown
+    if state.start_ms is not None and runtime_ms:
+        ends.append(numbers.plausible_ms(state.start_ms + runtime_ms))
     return max((e for e in ends if e is not None), default=None)
 
 
