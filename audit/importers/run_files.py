@@ -117,6 +117,10 @@ class RunFolderSource(FileSource):
         self.experiments: set[tuple[str, str]] = set()
         self.counts = dict(unchanged=0, params=0, tags=0, points=0, samples=0)
         self.queue = _RunQueue()
+        # (source, run id) -> the folder it is imported from in this import: the first in
+        # path order; another folder with the same run (a copy) is left out and named
+        self.owners: dict[tuple[str, str], Path] = {}
+        self.copies: list[str] = []
 
     def source_id(self, parsed: ParsedRun) -> str:
         return source_id_of(self.kind, parsed.source_dir)
@@ -206,6 +210,13 @@ class RunFolderSource(FileSource):
             location = str(run.source_dir)
             upsert_source(con, source_id, self.kind, location, now_utc())
             self.sources[source_id] = location
+        owner = self.owners.setdefault((source_id, run.run_id), unit)
+        if owner != unit:
+            self.copies.append(
+                f"{unit}: run {run.run_id} is imported from {owner} already; this folder "
+                "holds the same run and is left out"
+            )
+            return 0
         if (source_id, run.experiment) not in self.experiments:
             con.execute(
                 "INSERT INTO experiments (source_id, experiment_id, name, lifecycle_stage) "
@@ -276,6 +287,7 @@ class RunFolderSource(FileSource):
             refresh_search_tables(con, self.changed, runs_seen)
         written = sum(len(ids) for ids in self.changed.values())
         summary.rows_written = written
+        summary.warnings.extend(self.copies)
         summary.detail = "new or changed runs"
         c = self.counts
         summary.extra = (
