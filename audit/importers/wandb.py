@@ -560,6 +560,7 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
     """Fold the log's records from ``start`` into ``state``; returns (history, samples)."""
     history = _History()
     samples: list[tuple] = []
+    summary = _SummaryTree.of(state.summary)
     for chunk in _decoded_chunks(path, record_class, start, end):
         state.records += chunk.records
         state.history_rows += chunk.history_rows
@@ -571,7 +572,7 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
             record.ParseFromString(payload)
             kind = record.WhichOneof("record_type")
             if kind == "run":
-                _fold_run(record.run, state, path)
+                _fold_run(record.run, state, path, summary)
             elif kind == "config":
                 _fold_updates(record.config, state.config, path)
             elif kind == "exit":
@@ -583,15 +584,72 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
                 state.version = record.telemetry.cli_version
         for action, change in chunk.summary:
             if action == "set":
-                state.summary.update(change)
+                for key, value in change.items():
+                    summary.set(key, value)
             else:
                 for key in change:
-                    for name in [k for k in state.summary if k == key or k.startswith(key + ".")]:
-                        del state.summary[name]
+                    summary.remove(key)
+    state.summary = summary.flat()
     return history, samples
 
 
-def _fold_run(run, state: RunState, path: Path) -> None:
+class _SummaryTree:
+    """A run's summary (flat keys to JSON text) as a tree of its keys' dotted parts, for
+    W&B's removal: a key goes with every key below it (``a`` takes ``a.b``). Set and remove
+    cost the length of the key; scanning every key per removal made a 700 KB log of
+    summary updates and removals take 92 s."""
+
+    __slots__ = ("children", "value")
+    _UNSET = object()
+
+    def __init__(self) -> None:
+        self.value = _SummaryTree._UNSET
+        self.children: dict[str, _SummaryTree] = {}
+
+    @classmethod
+    def of(cls, flat: dict[str, str]) -> _SummaryTree:
+        root = cls()
+        for key, value in flat.items():
+            root.set(key, value)
+        return root
+
+    def set(self, key: str, value: str) -> None:
+        node = self
+        for part in key.split("."):
+            child = node.children.get(part)
+            if child is None:
+                child = node.children[part] = _SummaryTree()
+            node = child
+        node.value = value
+
+    def remove(self, key: str) -> None:
+        *parents, last = key.split(".")
+        node = self
+        for part in parents:
+            node = node.children.get(part)
+            if node is None:
+                return
+        node.children.pop(last, None)
+
+    def flat(self) -> dict[str, str]:
+        """The keys and values again, depth first (no recursion: a key of 100,000 dots is
+        100,000 levels)."""
+        out: dict[str, str] = {}
+        path: list[str] = []
+        stack: list[tuple[int, str, _SummaryTree]] = [
+            (0, part, child) for part, child in reversed(self.children.items())
+        ]
+        while stack:
+            depth, part, node = stack.pop()
+            del path[depth:]
+            path.append(part)
+            if node.value is not _SummaryTree._UNSET:
+                out[".".join(path)] = node.value
+            stack.extend((depth + 1, p, c) for p, c in reversed(node.children.items()))
+        return out
+
+
+def _fold_run(run, state: RunState, path: Path, summary: _SummaryTree) -> None:
     state.run_id = run.run_id or state.run_id
     state.project = run.project or state.project
     state.entity = run.entity or state.entity
@@ -606,7 +664,7 @@ def _fold_run(run, state: RunState, path: Path) -> None:
     if state.start_ms is None:
         state.start_ms = _ms(run.start_time)
     _fold_updates(run.config, state.config, path)
-    _fold_summary(run.summary, state.summary)
+    _fold_summary(run.summary, summary)
     if run.telemetry.cli_version:
         state.version = run.telemetry.cli_version
 
@@ -629,12 +687,13 @@ def _fold_summary_updates(record, summary: dict) -> None:
         summary[key] = item.value_json
 
 
-def _fold_summary(record, summary: dict) -> None:
-    _fold_summary_updates(record, summary)
+def _fold_summary(record, summary: _SummaryTree) -> None:
+    updates: dict[str, str] = {}
+    _fold_summary_updates(record, updates)
+    for key, value in updates.items():
+        summary.set(key, value)
     for item in record.remove:
-        key = item.key or ".".join(item.nested_key)
-        for name in [k for k in summary if k == key or k.startswith(key + ".")]:
-            del summary[name]
+        summary.remove(item.key or ".".join(item.nested_key))
 
 
 def _fold_environment(env, state: RunState) -> None:
