@@ -770,7 +770,7 @@ def _iso_ms(text) -> int | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return numbers.plausible_ms(int(moment.timestamp() * 1000))
+    return int(moment.timestamp() * 1000)  # outside 1970-2200: left unknown, with a warning
 
 
 # -- from state to rows -----------------------------------------------------------------------
