@@ -302,3 +302,20 @@ def test_w_and_b_summary_removals_cost_time_in_proportion(tmp_path):
     large = _timed(SUMMARY_REMOVALS, tmp_path, 16_000, 300)
     # 8x the keys and removals: ~8x the time when linear, 64x when each removal scans every key
     assert large < 24 * small, f"2,000 keys: {small:.2f} s, 16,000 keys: {large:.2f} s"
+
+
+def test_the_same_run_in_two_folders_is_one_row_whatever_the_order(tmp_path):
+    """A copied W&B run folder (its log renamed, the run id inside the same): one row, the
+    same one after every re-import, whichever order the folders are named in."""
+    pytest.importorskip("wandb")
+    hostile_cases._same_run_twice(tmp_path)
+    folders = sorted((tmp_path / "wandb").iterdir())
+    db = tmp_path / "audit.duckdb"
+    seen = set()
+    for paths in (folders, folders[::-1], [tmp_path / "wandb"], folders[::-1]):
+        code, err = _audit(db, "ingest", "wandb", *map(str, paths))
+        assert code == 0, err
+        stored = hostile_cases.rows(db, "SELECT run_id, signature, artifact_uri FROM runs")
+        assert len(stored) == 1, stored
+        seen.add(stored[0])
+    assert len(seen) == 1, seen  # never flips between the two folders
