@@ -352,7 +352,33 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "http_concurrency": ((int,), 4),
         "max_response_mb": ((int, float), 512),  # a larger answer is refused, not buffered
     },
+    "sql": {
+        "timeout_seconds": ((int, float), 60),  # `audit sql` stops a query after this long
+    },
 }
+
+
+# Numeric settings: the range each must lie in (inclusive; finite always), and what it
+# is in a message. A NaN, infinite, negative or absurd value ends in exit 2 naming the key:
+# unchecked, NaN slack and a negative backoff ended in internal errors, an infinite price
+# made the JSON report invalid and a negative one showed -$291 M of waste.
+RANGES: dict[tuple[str, str], tuple[float, float, str]] = {
+    ("prices", "storage_gb_month_usd"): (0, 1e6, "a price in USD per GB-month"),
+    ("cost", "default_gpus_per_run"): (0, 1_000_000, "a GPU count (0: unknown)"),
+    ("links", "time_slack_minutes"): (0, 525_600, "a number of minutes"),
+    ("mlflow", "http_timeout_seconds"): (0.001, 86_400, "a number of seconds"),
+    ("mlflow", "http_max_retries"): (0, 100, "a number of retries"),
+    ("mlflow", "http_backoff_seconds"): (0, 3_600, "a number of seconds"),
+    ("mlflow", "page_size"): (1, 100_000, "a number of items per page"),
+    ("mlflow", "http_concurrency"): (1, 64, "a number of requests at a time"),
+    ("mlflow", "max_response_mb"): (0.001, 1_000_000, "a number of megabytes"),
+    ("sql", "timeout_seconds"): (0.001, 1e9, "a number of seconds"),
+}
+GPU_PRICE_MAX = 1e6  # USD per GPU-hour
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value == int(value) and abs(value) < 1e15 else f"{value:g}"
 
 
 @dataclass
@@ -394,9 +420,10 @@ def _check_prices(table: dict, where: str) -> None:
     for name, value in table.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InputError(f"{where}.{name} must be a number (USD per GPU-hour), got {value!r}")
-        if not math.isfinite(value) or not 0 <= value <= 1e6:
+        if not math.isfinite(value) or not 0 <= value <= GPU_PRICE_MAX:
             raise InputError(
-                f"{where}.{name} must be a finite number from 0 to 1,000,000, got {value!r}"
+                f"{where}.{name} must be a finite number from 0 to {_number(GPU_PRICE_MAX)}, "
+                f"got {value!r}"
             )
 
 
@@ -556,6 +583,13 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
                 )
             if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                 raise InputError(f"config {path}: [{section}] {key} must be a list of strings")
+            if (section, key) in RANGES:
+                lo, hi, what = RANGES[(section, key)]
+                if not (math.isfinite(value) and lo <= value <= hi):
+                    raise InputError(
+                        f"config {path.at(section, key)}: [{section}] {key} must be {what} "
+                        f"from {_number(lo)} to {_number(hi)}; got {value!r}"
+                    )
             if key == "gpu_hour_usd":
                 _check_prices(value, f"config {path.at(section, key)}: [prices] gpu_hour_usd")
             elif key == "by_cluster":
@@ -603,16 +637,6 @@ def _merge(values: dict[str, dict[str, Any]], data: dict[str, Any], path: _Locat
         raise InputError(
             f"config {path.at('attribution', 'team_order')}: [attribution] team_order takes "
             f"{', '.join(TEAM_SOURCES)} in the order to try, got {order!r}"
-        )
-    if not 0 <= values["cost"]["default_gpus_per_run"] <= 1_000_000:
-        raise InputError(
-            f"config {path.at('cost', 'default_gpus_per_run')}: [cost] default_gpus_per_run "
-            "must be a GPU count from 0 (unknown) to 1000000"
-        )
-    if not 1 <= values["mlflow"]["http_concurrency"] <= 64:
-        raise InputError(
-            f"config {path.at('mlflow', 'http_concurrency')}: [mlflow] http_concurrency "
-            "must be a number of requests at a time from 1 to 64"
         )
     try:
         ZoneInfo(values["cluster"]["timezone"])

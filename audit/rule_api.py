@@ -16,6 +16,7 @@ import enum
 import hashlib
 import inspect
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -72,8 +73,12 @@ class Threshold:
     unit: str = ""
 
     def validate(self, value: Any, where: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-            raise InputError(f"{where} must be a number, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)  # NaN and infinities compare as no threshold should
+        ):
+            raise InputError(f"{where} must be a finite number, got {value!r}")
         if self.minimum is not None and value < self.minimum:
             raise InputError(f"{where} must be ≥ {self.minimum}, got {value}")
         if self.maximum is not None and value > self.maximum:

@@ -71,6 +71,9 @@ def main() -> None:
             leftover.unlink()
         elif leftover.exists():
             shutil.rmtree(leftover)
+    for files in OUT.glob("*/files"):  # emptied above; git keeps no empty folder either
+        if files.is_dir() and not any(files.iterdir()):
+            files.rmdir()
 
 
 if __name__ == "__main__":

@@ -558,3 +558,17 @@ def test_write_tally():
     (ARTIFACTS / "bad-inputs.txt").write_text(
         f"cases: {sum(OUTCOMES.values())}\n" + "\n".join(lines) + "\n"
     )
+
+
+# -- issue 40: tracking-server answers, store times and config numbers ------------------------
+# Each in its own process, bounded in time and address space (tests/hostile_cases.py; the
+# run-folder cases are in tests/test_hostile_run_folders.py).
+from tests import hostile_cases  # noqa: E402
+
+
+@pytest.mark.parametrize("name", [c.name for c in hostile_cases.CASES if c.corpus == "input"])
+def test_issue_40_input(name, tmp_path):
+    case = hostile_cases.BY_NAME[name]
+    outcome = hostile_cases.run_case(case, tmp_path)
+    problems = hostile_cases.verdict(case, outcome, tmp_path / "audit.duckdb")
+    assert problems == [], "; ".join(problems)

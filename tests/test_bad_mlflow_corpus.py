@@ -247,8 +247,8 @@ FILE_STORE = {
     "start_time is a date": (_run_meta("start_time", "2026-11-16"), "start_time must be a whole"),
     "start_time in microseconds": (
         _run_meta("start_time", "1794823200000000"),
-        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1 and "
-        "9999 (it looks like microseconds)",
+        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1970 and "
+        "2200 (it looks like microseconds)",
     ),
     "start_time after year 9999": (
         _run_meta("start_time", "253402300800000"),
@@ -483,8 +483,8 @@ SQLITE = {
     "BLOB run name in UTF-8": ("UPDATE runs SET name = X'6162' WHERE rowid = 2", ""),
     "start_time in microseconds": (
         "UPDATE runs SET start_time = 1794823200000000 WHERE rowid = 1",
-        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1 and "
-        "9999 (it looks like microseconds)",
+        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1970 and "
+        "2200 (it looks like microseconds)",
     ),
     "start_time after year 9999": (
         "UPDATE runs SET start_time = 253402300800000 WHERE rowid = 1",
@@ -693,8 +693,8 @@ SERVER = {
     "start_time in microseconds": (
         "runs/search",
         _set(("info", "start_time"), 1794823200000000),
-        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1 and "
-        "9999 (it looks like microseconds)",
+        "start_time 1794823200000000 is not a time in epoch milliseconds between years 1970 and "
+        "2200 (it looks like microseconds)",
     ),
     "start_time is 1e30": (
         "runs/search",

@@ -16,7 +16,9 @@ import json
 import math
 import re
 import shutil
+import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import click
@@ -27,7 +29,7 @@ from click.testing import CliRunner
 from audit.cli import cli
 from audit.docs import iter_commands
 from audit.warehouse.migrations import MIGRATIONS, V8
-from tests.helpers import REPO, add_samples
+from tests.helpers import REPO, add_samples, audit_process
 
 SAMPLE = REPO / "sample_logs"
 BIG = "x" * 1_000_000
@@ -37,6 +39,8 @@ LO, HI = "TIMESTAMP '0001-01-01 00:00:00'", "TIMESTAMP '9999-12-31 23:59:59.999'
 RUN = "extreme00" + "0" * 23
 OTHER = "extreme01" + "0" * 23
 HANG_GUARD_S = 60
+LONG_HOST = "gpu-" + "é" * 300  # 600 bytes, 1,800 percent-encoded
+LONG_ROOT = "/scratch/" + "/".join(["deep-folder"] * 30)  # '/' is %2F in a folder name
 SHOWN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -152,6 +156,16 @@ def _seed(con) -> None:
                     (host, "1", moment, *numbers, CONTROL, CONTROL, "wandb", source, RUN),
                 ],
             )
+    # partition values no file name can hold as they are (the export shortens their folders)
+    add_samples(
+        con,
+        "host, gpu, ts, util_pct, origin",
+        [(LONG_HOST, "0", datetime(2026, 11, 17), 50.0, "nvidia-smi")],
+    )
+    con.execute(
+        "INSERT INTO checkpoints VALUES (?, ?, 'hf', 1, 1, 1, 1, now(), false, NULL, ?, now())",
+        [LONG_ROOT, f"{LONG_ROOT}/checkpoint-1", LONG_ROOT],
+    )
     root = "/scratch/" + PATH_CONTROL
     for ts in (LO, HI):
         con.execute(
@@ -456,3 +470,65 @@ def test_an_importer_cannot_write_a_time_beyond_year_9999(tmp_path):
         insert_frame(con, "jobs", frame.select("job_id", "end_time"))
     insert_frame(con, "jobs", pl.DataFrame({"job_id": ["8"], "end_time": [datetime(9999, 12, 31)]}))
     assert con.execute("SELECT count(*) FROM jobs").fetchall() == [(1,)]
+
+
+# -- export and audit sql at the edges ---------------------------------------------------------
+def test_export_shortens_partition_folders_no_file_system_holds(extreme):
+    """A host name or checkpoint root whose folder name would pass 255 bytes blocked the
+    whole export; now its folder is shortened, its rows keep the value, and the table's
+    index maps the folder back to it."""
+    import pyarrow.dataset as ds
+
+    out = extreme["work"] / "export-long"
+    result = CliRunner().invoke(
+        cli, ["--db", str(extreme["db"]), "export", "--parquet", str(out)], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.stderr
+    for table, column, value in (
+        ("gpu_samples", "host", LONG_HOST),
+        ("checkpoints", "root", LONG_ROOT),
+    ):
+        index = json.loads((out / table / "_shortened_partitions.json").read_text())
+        folder = next(e["folder"] for e in index if e["value"] == value)
+        assert len(folder.encode()) <= 255 and (out / table / folder).is_dir()
+        # the rows hold the whole value, read without the folder's partition value
+        inside = ds.dataset(out / table / folder, format="parquet").to_table()
+        assert set(inside.column(column).to_pylist()) == {value}
+        # and every other value reads back from the Hive partitions as stored
+        read = ds.dataset(out / table, format="parquet", partitioning="hive").to_table()
+        assert (
+            len(read)
+            == duckdb.connect(str(extreme["db"]), read_only=True)
+            .execute(f"SELECT count(*) FROM {table}")
+            .fetchall()[0][0]
+        )
+
+
+RUNAWAY = "with recursive t(n) as (select 1 union all select n + 1 from t) select count(*) from t"
+
+
+def test_sql_timeout_stops_a_runaway_query(extreme):
+    started = time.monotonic()
+    proc = audit_process(extreme["db"], "sql", RUNAWAY, "--timeout", "2")
+    try:
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err
+    assert "ran longer than 2 s and was stopped" in err
+    assert time.monotonic() - started < HANG_GUARD_S / 2
+
+
+def test_sql_ctrl_c_stops_a_running_query_within_a_second(extreme):
+    proc = audit_process(extreme["db"], "sql", RUNAWAY)
+    try:
+        time.sleep(3)  # the query is running
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
+        stopped = time.monotonic() - interrupted
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert stopped < 1.0, f"exit {stopped:.2f} s after Ctrl-C"

@@ -255,9 +255,16 @@ def runs_compare(app: AppContext, run_ids, all_params, fmt) -> None:
 @cli.command("sql")
 @click.argument("query")
 @FORMAT
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True, max=1e9),
+    metavar="SECONDS",
+    help="Stop the query after this long (exit 2). Default: [sql] timeout_seconds, 60.",
+)
 @pass_app
-def sql_command(app: AppContext, query, fmt) -> None:
-    """Run one read-only SQL query over the warehouse views; writes are refused.
+def sql_command(app: AppContext, query, fmt, timeout) -> None:
+    """Run one read-only SQL query over the warehouse views; writes are refused. Ctrl-C
+    stops a running query at once (exit 130).
 
     Views: runs, params, params_wide, metrics, latest_metrics, tags, datasets, jobs,
     job_nodes, telemetry, checkpoints, findings, scans (columns in docs/schema.md).
@@ -266,7 +273,8 @@ def sql_command(app: AppContext, query, fmt) -> None:
     Example:
       audit sql "select key, count(*) from params group by key order by 2 desc limit 10"
     """
-    frame = _registry(app).sql(query)
+    timeout = timeout if timeout is not None else app.config.get("sql", "timeout_seconds")
+    frame = _registry(app).sql(query, timeout)
     emit(frame, fmt, empty=f"no rows ({', '.join(frame.columns)})" if frame.columns else "no rows")
 
 

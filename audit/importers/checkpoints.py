@@ -10,7 +10,6 @@ checkpoints are then not in the inventory, so never pruned); the rest is importe
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -20,6 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from audit.errors import InputError
+from audit.importers.read import parse_json
 from audit.importers.store_files import read_found_file
 from audit.walk import walk
 
@@ -153,20 +153,10 @@ def read_trainer_state(checkpoint: Path) -> dict:
     state_file = checkpoint / "trainer_state.json"
     if not state_file.is_file() or state_file.is_symlink():
         return {}
-    data = read_found_file(state_file, MAX_TRAINER_STATE_BYTES, "a trainer state")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{state_file}: byte {exc.start}: not UTF-8 text") from None
-    try:
-        # NaN is allowed: the trainer writes a diverged run's grad_norm as NaN
-        state = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{state_file}:{exc.lineno}: cannot read trainer state ({exc.msg})"
-        ) from None
-    except RecursionError:
-        raise InputError(f"{state_file}: JSON nested too deeply to be read") from None
+    # NaN is allowed: the trainer writes a diverged run's grad_norm as NaN
+    state = parse_json(
+        read_found_file(state_file, MAX_TRAINER_STATE_BYTES, "a trainer state"), state_file
+    )
     return state if isinstance(state, dict) else {}
 
 

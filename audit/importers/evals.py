@@ -44,10 +44,11 @@ import polars as pl
 from audit.errors import InputError
 from audit.importers.files import FileImportSummary, ParsedUnit, import_files, insert_frame
 from audit.importers.lm_eval import EVALUATOR, Evaluation, is_lm_eval, read_lm_eval
-from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource, without_emails
+from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
 from audit.importers.run_store import EPOCH_MS_MAX, EPOCH_MS_MIN
 from audit.importers.store_files import read_found_file, read_named_file
 from audit.importers.text import decode, sniff
+from audit.redact import redact_frame
 from audit.walk import walk
 
 # A results file with 1,267 embedded samples is 1.8 MB; a log of every sample of a large
@@ -71,6 +72,7 @@ RESULT_SCHEMA = {
     "gen_kwargs": pl.String,
 }
 _FLUSH_ROWS = 200_000
+RESULT_TEXTS = ("task", "metric", "filter", "task_version", "task_hash", "gen_kwargs")
 # the harness's datetime.now().isoformat() with ':' replaced, in results_<time>.json
 _FILE_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(?:\.\d{1,6})?)")
 _CSV_HEAD_BYTES = 4096
@@ -210,7 +212,8 @@ class EvalSource(RunFolderSource):
 
     def _flush_results(self, con) -> None:
         if self.pending:
-            frame = pl.concat(self.pending)
+            # the texts of a results file, redacted as every tracker's are (audit.redact)
+            frame = redact_frame(pl.concat(self.pending), RESULT_TEXTS)
             insert_frame(con, "eval_results", frame)
             self.result_rows += frame.height
         self.pending, self.pending_rows = [], 0
@@ -244,7 +247,7 @@ def _fill_run(run: EvalRun, path: Path, evaluation: Evaluation) -> None:
     }
     rows = evaluation.results
     run.points = pl.DataFrame(
-        [(without_emails(r.metric_key), r.value, 0, start_ms) for r in rows],
+        [(r.metric_key, r.value, 0, start_ms) for r in rows],  # keys redacted by the run store
         schema=POINT_SCHEMA,
         orient="row",
     )
@@ -252,19 +255,19 @@ def _fill_run(run: EvalRun, path: Path, evaluation: Evaluation) -> None:
         [
             {
                 "run_id": run.run_id,
-                "task": without_emails(r.task),
-                "metric": without_emails(r.metric),
-                "filter": without_emails(r.filter),
+                "task": r.task,
+                "metric": r.metric,
+                "filter": r.filter,
                 "value": r.value,
                 "stderr": r.stderr,
                 "higher_is_better": r.higher_is_better,
                 "n_shot": r.n_shot,
-                "task_version": _clean(r.task_version),
-                "task_hash": _clean(r.task_hash),
+                "task_version": r.task_version,
+                "task_hash": r.task_hash,
                 "limit_n": r.limit_n,
                 "samples": r.samples,
                 "is_group": r.is_group,
-                "gen_kwargs": _clean(r.gen_kwargs),
+                "gen_kwargs": r.gen_kwargs,
             }
             for r in rows
         ],
@@ -315,10 +318,6 @@ def _times(path: Path, evaluation: Evaluation) -> tuple[float | None, float | No
 
 def _representable(seconds: float | None) -> bool:
     return seconds is not None and EPOCH_MS_MIN <= seconds * 1000 <= EPOCH_MS_MAX
-
-
-def _clean(text: str | None) -> str | None:
-    return without_emails(text) if text is not None else None
 
 
 def _load_json(path: Path, raw: bytes):

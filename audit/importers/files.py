@@ -221,6 +221,10 @@ class FileSource:
     def parse(self, unit: Path) -> ParsedUnit:
         raise NotImplementedError
 
+    def parse_checked(self, unit: Path) -> ParsedUnit:
+        """``parse``, then whatever a kind of source checks of every unit it parsed."""
+        return self.parse(unit)
+
     def begin(self, con) -> None:
         """Before the first unit is written, inside the transaction."""
 
@@ -264,7 +268,7 @@ def import_files(
             source.begin(con)
             # closed at the loop's end, not when collected: a Ctrl-C while it stops its
             # threads then ends the command like any other (not "Exception ignored in")
-            with closing(parse_ahead(source.parse, units, source.workers)) as parsed_units:
+            with closing(parse_ahead(source.parse_checked, units, source.workers)) as parsed_units:
                 for unit, parsed in parsed_units:
                     progress.advance(1)
                     if isinstance(parsed, InputError):

@@ -15,15 +15,17 @@ through the same run-batch writer, so every rule, search and report sees all tra
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 
+from audit.importers import numbers
 from audit.importers.files import (
     FileImportSummary,
     FileSource,
+    ParsedUnit,
     execute_on_frame,
     insert_frame,
     now_utc,
@@ -41,7 +43,14 @@ from audit.importers.run_store import (
     write_batch,
 )
 from audit.importers.search_index import refresh_search_tables
-from audit.importers.telemetry import SAMPLE_SCHEMA
+from audit.importers.telemetry import (
+    FIRST_YEAR,
+    LAST_YEAR,
+    SAMPLE_SCHEMA,
+    VALID_RANGES,
+    valid_value,
+)
+from audit.redact import redact_text
 from audit.warehouse.samples import append_samples, delete_samples
 
 # Metric points without run_id: what a parser hands over for one run.
@@ -51,14 +60,7 @@ POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}
 GPU_SAMPLE_SCHEMA = {
     k: v for k, v in SAMPLE_SCHEMA.items() if k not in ("job_label", "pod", "origin")
 }
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
 RUN_TABLES = ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs")
-
-
-def without_emails(text: str) -> str:
-    """E-mail addresses replaced: a run's metadata or config must not carry them into the
-    warehouse, reports or exports."""
-    return _EMAIL.sub("<e-mail removed>", text)
 
 
 @dataclass
@@ -88,6 +90,14 @@ class ParsedRun:
     records: int = 0  # records or lines read, for the file log
 
 
+def _shown_ms(ms: int) -> str:
+    """Epoch milliseconds in a message: as a time when one can be shown, else the number."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, ValueError, OSError):
+        return f"{ms} ms"
+
+
 def source_id_of(kind: str, source_dir: Path) -> str:
     return stable_hash(kind, str(source_dir))[:12]
 
@@ -107,12 +117,71 @@ class RunFolderSource(FileSource):
         self.experiments: set[tuple[str, str]] = set()
         self.counts = dict(unchanged=0, params=0, tags=0, points=0, samples=0)
         self.queue = _RunQueue()
+        # (source, run id) -> the folder it is imported from in this import: the first in
+        # path order; another folder with the same run (a copy) is left out and named
+        self.owners: dict[tuple[str, str], Path] = {}
+        self.copies: list[str] = []
 
     def source_id(self, parsed: ParsedRun) -> str:
         return source_id_of(self.kind, parsed.source_dir)
 
     def known_signature(self, source_dir: Path, run_id: str) -> str | None:
         return self.known.get((source_id_of(self.kind, source_dir), run_id))
+
+    def parse_checked(self, unit: Path) -> ParsedUnit:
+        """A run as parsed, held to the bounds every tracker's values keep to before any of
+        it is stored: run and point times in the years FIRST_YEAR-LAST_YEAR (else unknown,
+        with a warning: a start in year 1019 from a runtime of 3e10 s priced a week at
+        millions), GPU samples within telemetry's valid ranges (else left out)."""
+        parsed = self.parse(unit)
+        run: ParsedRun | None = parsed.payload
+        if run is None or run.unchanged:  # a file skipped with a note, or nothing new
+            return parsed
+        where = f"{unit}: run {run.run_id}"
+        for name in ("start_ms", "end_ms"):
+            ms = getattr(run, name)
+            if ms is not None and numbers.plausible_ms(ms) is None:
+                setattr(run, name, None)
+                parsed.warnings.append(
+                    f"{where}: {name[:-3]}_time {_shown_ms(ms)} is outside the years "
+                    f"{FIRST_YEAR}-{LAST_YEAR}; left unknown"
+                )
+        outside = pl.col("timestamp").is_not_null() & ~pl.col("timestamp").is_between(
+            numbers.FIRST_MS, numbers.END_MS - 1
+        )
+        for frame_name in ("points", "latest"):
+            frame = getattr(run, frame_name)
+            if frame is None:
+                continue
+            count = frame.select(outside.sum()).item()
+            if count:
+                setattr(
+                    run,
+                    frame_name,
+                    frame.with_columns(
+                        timestamp=pl.when(outside).then(None).otherwise(pl.col("timestamp"))
+                    ),
+                )
+                if frame_name == "points":
+                    parsed.warnings.append(
+                        f"{where}: {count:,} metric points with a time outside the years "
+                        f"{FIRST_YEAR}-{LAST_YEAR}; kept without a time"
+                    )
+        samples = run.gpu_samples
+        if samples is not None and samples.height:
+            valid = pl.all_horizontal(
+                *(valid_value(c) for c in VALID_RANGES),
+                pl.col("ts").dt.year().is_between(FIRST_YEAR, LAST_YEAR),
+            )
+            kept = samples.filter(valid)
+            if kept.height < samples.height:
+                parsed.warnings.append(
+                    f"{where}: {samples.height - kept.height:,} GPU samples left out: a value "
+                    "outside the ranges telemetry files are held to (NaN, infinite, negative, "
+                    f"utilisation above 100 %) or a time outside {FIRST_YEAR}-{LAST_YEAR}"
+                )
+                run.gpu_samples = kept
+        return parsed
 
     def begin(self, con) -> None:
         # Read once, before any unit is parsed: parsers (in worker threads) look them up.
@@ -135,11 +204,19 @@ class RunFolderSource(FileSource):
 
     def write(self, con, unit: Path, parsed) -> int:
         run: ParsedRun = parsed.payload
+        run.experiment = redact_text(run.experiment)  # its id and its name
         source_id = self.source_id(run)
         if source_id not in self.sources:
             location = str(run.source_dir)
             upsert_source(con, source_id, self.kind, location, now_utc())
             self.sources[source_id] = location
+        owner = self.owners.setdefault((source_id, run.run_id), unit)
+        if owner != unit:
+            self.copies.append(
+                f"{unit}: run {run.run_id} is imported from {owner} already; this folder "
+                "holds the same run and is left out"
+            )
+            return 0
         if (source_id, run.experiment) not in self.experiments:
             con.execute(
                 "INSERT INTO experiments (source_id, experiment_id, name, lifecycle_stage) "
@@ -184,7 +261,7 @@ class RunFolderSource(FileSource):
                 {
                     "run_id": run.run_id,
                     "experiment_id": run.experiment,
-                    "name": without_emails(run.name) if run.name else run.name,
+                    "name": run.name,
                     "user_id": run.user_id,
                     "status": run.status,
                     "start_time": run.start_ms,
@@ -210,6 +287,7 @@ class RunFolderSource(FileSource):
             refresh_search_tables(con, self.changed, runs_seen)
         written = sum(len(ids) for ids in self.changed.values())
         summary.rows_written = written
+        summary.warnings.extend(self.copies)
         summary.detail = "new or changed runs"
         c = self.counts
         summary.extra = (
@@ -258,11 +336,7 @@ class _RunQueue:
 
 def _frame(column_rows: list[tuple[str, dict[str, str]]], schema: dict) -> pl.DataFrame:
     return pl.DataFrame(
-        [
-            (run_id, k, without_emails(v))
-            for run_id, values in column_rows
-            for k, v in values.items()
-        ],
+        [(run_id, k, v) for run_id, values in column_rows for k, v in values.items()],
         schema=schema,
         orient="row",
     )

@@ -5,9 +5,10 @@ Readers produce polars frames with the fixed columns below (times as epoch milli
 ``write_batch`` normalises params, derives latest metrics and inserts a batch into
 ``params``, ``tags``, ``metrics``, ``latest_metrics`` and ``dataset_inputs``. Runs of every
 tracker land in the same tables, each with the ``source_id`` of where it came from. Every
-time passes ``epoch_ms_to_datetime`` on its way in: epoch milliseconds between years 1 and
-9999 (what every reader of the warehouse can represent), else the import is refused with the
-source, the run and the field.
+time passes ``epoch_ms_to_datetime`` on its way in: epoch milliseconds between the years
+1970 and 2200 (the rule telemetry samples keep to), else the import is refused with the
+source, the run and the field. Every text passes ``audit.redact`` on its way in: e-mail
+addresses and credentials are never stored, whichever tracker they came from.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ import polars as pl
 
 from audit.errors import InputError
 from audit.importers.files import execute_on_frame, insert_frame
+from audit.importers.numbers import END_MS, FIRST_MS
 from audit.importers.params import normalised_params
+from audit.importers.telemetry import FIRST_YEAR, LAST_YEAR
+from audit.redact import redact_frame, redact_keys
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-EPOCH_MS_MIN = int((datetime(1, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds() * 1000)
-EPOCH_MS_MAX = (
-    int((datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC) - _EPOCH).total_seconds()) * 1000 + 999
-)
+# Every tracker's times keep to the years telemetry samples keep to: a run from year 1019
+# (a start computed from a runtime of 3e10 s) or to year 5138 is damage, and would be
+# priced as centuries of GPU time.
+EPOCH_MS_MIN, EPOCH_MS_MAX = FIRST_MS, END_MS - 1
 
 EXPERIMENT_SCHEMA = {
     "experiment_id": pl.String,
@@ -110,25 +113,30 @@ def latest_from_history(metrics: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+# A number that is a time of this century in micro- or nanoseconds: said so in a refusal
+# (one that is a time only in the sense of lying between 1970 and 2200 is not).
+_PLAUSIBLE_UNITS_FROM = int(datetime(2000, 1, 1, tzinfo=UTC).timestamp() * 1000)
+
+
 def check_epoch_ms(number: int, where: object, field: str) -> None:
     if EPOCH_MS_MIN <= number <= EPOCH_MS_MAX:
         return
     hint = ""
     for unit, factor in (("microseconds", 1_000), ("nanoseconds", 1_000_000)):
-        if EPOCH_MS_MIN <= number / factor <= EPOCH_MS_MAX:
+        if _PLAUSIBLE_UNITS_FROM <= number / factor <= EPOCH_MS_MAX:
             hint = f" (it looks like {unit})"
             break
     raise InputError(
-        f"{where}: {field} {number} is not a time in epoch milliseconds between years 1 and "
-        f"9999{hint}"
+        f"{where}: {field} {number} is not a time in epoch milliseconds between years "
+        f"{FIRST_YEAR} and {LAST_YEAR}{hint}"
     )
 
 
 def epoch_ms_to_datetime(
     frame: pl.DataFrame, columns: list[str], what: str, id_column: str, location: str
 ) -> pl.DataFrame:
-    """Epoch-millisecond columns as timestamps, after checking each is between years 1
-    and 9999: the one gate every tracker's times pass on the way to the warehouse."""
+    """Epoch-millisecond columns as timestamps, after checking each is between the years
+    1970 and 2200: the one gate every tracker's times pass on the way to the warehouse."""
     for column in columns:
         values = pl.col(column)
         bad = frame.filter(values.is_not_null() & ~values.is_between(EPOCH_MS_MIN, EPOCH_MS_MAX))
@@ -146,11 +154,14 @@ def write_batch(con, batch: DetailBatch, source_id: str, location: str) -> None:
         else latest_from_history(batch.metrics)
     )
     source = pl.lit(source_id)
-    insert_frame(con, "params", normalised_params(batch.params).with_columns(source_id=source))
-    insert_frame(con, "tags", batch.tags.with_columns(source_id=source))
+    params = redact_frame(redact_keys(batch.params, "key"), ["value"], keyed=("key", "value"))
+    tags = redact_frame(redact_keys(batch.tags, "key"), ["value"], keyed=("key", "value"))
+    datasets = redact_frame(batch.datasets, ["name", "source", "context"])
+    insert_frame(con, "params", normalised_params(params).with_columns(source_id=source))
+    insert_frame(con, "tags", tags.with_columns(source_id=source))
     insert_frame(con, "metrics", metric_frame(batch.metrics, source_id, location))
     insert_frame(con, "latest_metrics", metric_frame(latest, source_id, location))
-    insert_frame(con, "dataset_inputs", batch.datasets.with_columns(source_id=source))
+    insert_frame(con, "dataset_inputs", datasets.with_columns(source_id=source))
 
 
 def upsert_source(con, source_id: str, kind: str, location: str, now: datetime) -> None:
@@ -165,7 +176,7 @@ def upsert_source(con, source_id: str, kind: str, location: str, now: datetime) 
 
 def replace_experiments(con, source_id: str, experiments: pl.DataFrame, location: str) -> None:
     frame = epoch_ms_to_datetime(
-        experiments,
+        redact_frame(experiments, ["name", "artifact_location"]),
         ["creation_time", "last_update_time"],
         "experiment",
         "experiment_id",
@@ -181,12 +192,16 @@ def replace_experiments(con, source_id: str, experiments: pl.DataFrame, location
 
 
 def runs_frame(runs: pl.DataFrame, source_id: str, now: datetime, location: str) -> pl.DataFrame:
+    runs = redact_frame(
+        runs, ["name", "source_name", "artifact_uri", "signature"], users=["user_id"]
+    )
     return epoch_ms_to_datetime(
         runs, ["start_time", "end_time", "deleted_time"], "run", "run_id", location
     ).with_columns(source_id=pl.lit(source_id), imported_at=pl.lit(now))
 
 
 def metric_frame(metrics: pl.DataFrame, source_id: str, location: str) -> pl.DataFrame:
+    metrics = redact_keys(metrics, "key")
     checked = epoch_ms_to_datetime(metrics, ["timestamp"], "metric of run", "run_id", location)
     return checked.with_columns(
         source_id=pl.lit(source_id),

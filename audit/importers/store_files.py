@@ -18,6 +18,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from audit.errors import InputError, utf8_problem
 
@@ -69,8 +70,9 @@ class StoreFolder:
             os.close(parent)
         return _kind(path, st.st_mode)
 
-    def read(self, path: Path, limit: int, what: str) -> bytes:
-        """The bytes of the regular file ``path``; more than ``limit`` bytes is an error."""
+    def open(self, path: Path) -> int:
+        """A descriptor of the regular file ``path`` (below the root), opened without
+        following a link anywhere on the way and without blocking."""
         parent = self._open_dir(path.parent)
         try:
             # judged before opening too: opening some devices has effects of its own
@@ -83,8 +85,20 @@ class StoreFolder:
             os.close(parent)
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise InputError(_not_regular(path, st.st_mode))
+        except OSError as exc:
+            os.close(fd)
+            raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise InputError(_not_regular(path, st.st_mode))
+        os.set_blocking(fd, True)
+        return fd
+
+    def read(self, path: Path, limit: int, what: str) -> bytes:
+        """The bytes of the regular file ``path``; more than ``limit`` bytes is an error."""
+        fd = self.open(path)
+        try:
+            st = os.fstat(fd)
             if st.st_size > limit:
                 raise InputError(_too_big(path, st.st_size, limit, what))
             chunks, total = [], 0
@@ -149,15 +163,23 @@ def read_named_file(path: Path, limit: int, what: str) -> bytes:
     return StoreFolder(path.parent).read(path, limit, what)
 
 
-def read_found_file(path: Path, limit: int, what: str) -> bytes:
+def read_found_file(path: Path, limit: int, what: str, root: Path | None = None) -> bytes:
     """A file found in a folder someone else wrote (a W&B or trainer run folder), read the
     same careful way: not a link, a regular file opened without blocking, at most
-    ``limit`` bytes."""
-    return StoreFolder(path.parent).read(path, limit, what)
+    ``limit`` bytes. ``root`` (default: the file's folder) is the run folder: no folder
+    between it and the file may be a link either (a ``files/`` or ``checkpoint-N/``
+    pointing elsewhere)."""
+    return StoreFolder(root or path.parent).read(path, limit, what)
 
 
-def read_found_text(path: Path, limit: int, what: str) -> str:
-    return StoreFolder(path.parent).read_text(path, limit, what)
+def read_found_text(path: Path, limit: int, what: str, root: Path | None = None) -> str:
+    return StoreFolder(root or path.parent).read_text(path, limit, what)
+
+
+def open_found_file(path: Path, root: Path | None = None) -> BinaryIO:
+    """A log found in a run folder, opened for streaming the same careful way as
+    ``read_found_file`` (no link on the way from ``root``, a regular file)."""
+    return os.fdopen(StoreFolder(root or path.parent).open(path), "rb")
 
 
 def require_found_file(path: Path) -> None:

@@ -6,21 +6,35 @@ sample TensorBoard's UI keeps. Scalars written either way (``simple_value`` by
 tensorboardX and PyTorch, tensors of the ``scalars`` plugin by TF 2) -> metrics with step
 and wall time; hparams written by the ``hparams`` plugin (``add_hparams``, Keras'
 ``hp.hparams``) -> params. A run starts at its first event and ends at its last; event
-files have no end marker, so the status stays unknown (NULL). The loader stops at a
-truncated or damaged record and keeps what precedes it (TensorBoard's own behaviour).
+files have no end marker, so the status stays unknown (NULL).
+
+The records are read here, not by TensorBoard's loader, which stops at a damaged record
+without a word: a file cut short (a writer still running, or killed) imports what
+precedes the cut with a warning naming the byte offset; a record that fails its CRC with
+more records after it is exit 2 naming file and offset, or with ``--skip-bad`` the events
+before it are imported with a warning. A record is at most ``MAX_EVENT_BYTES`` (checked
+before it is read), and a scalar's tensor must hold one value (its shape is checked before
+anything is allocated: a 70-byte event claiming 20000 × 20000 values would take 3.2 GB).
+The events then pass TensorBoard's own compatibility layers, as its loader does.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import struct
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 
 from audit.errors import InputError
+from audit.importers import numbers
 from audit.importers.files import ParsedUnit
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
-from audit.importers.store_files import require_found_file
+from audit.importers.store_files import open_found_file, require_found_file
 from audit.walk import walk
 
 EVENT_FILE_MARK = "tfevents"
@@ -70,9 +84,11 @@ def _real_dir(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink()
 
 
-def _loader():
+def _tensorboard():
     try:
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard import data_compat, dataclass_compat
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
         from tensorboard.plugins.hparams import plugin_data_pb2
         from tensorboard.util import tensor_util
     except ImportError:
@@ -80,13 +96,101 @@ def _loader():
             "reading TensorBoard event files needs TensorBoard's loader: "
             "pip install 'audit-waste[tensorboard]'"
         ) from None
-    return EventFileLoader, plugin_data_pb2, tensor_util
+    return types.SimpleNamespace(
+        data_compat=data_compat,
+        dataclass_compat=dataclass_compat,
+        event_pb2=event_pb2,
+        masked_crc32c=masked_crc32c,
+        plugin_data_pb2=plugin_data_pb2,
+        tensor_util=tensor_util,
+    )
+
+
+MAX_EVENT_BYTES = 64 << 20  # an event holding a large image or graph is a few MB
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+def _records(path: Path, tb, warnings: list[str], skip_bad: bool) -> Iterator[tuple[int, bytes]]:
+    """``(offset, data)`` of each record of an event file (TFRecord framing: the data's
+    length as 8 bytes and their masked CRC-32C, the data, its masked CRC-32C)."""
+    with open_found_file(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = 0
+        while offset < size:
+            header = f.read(12)
+            problem = None
+            if len(header) < 12:
+                warnings.append(f"{path}: truncated at byte {offset} (a record header cut short)")
+                return
+            (length,) = _LENGTH.unpack_from(header)
+            end = offset + 12 + length + 4
+            if tb.masked_crc32c(header[:8]) != _CRC.unpack_from(header, 8)[0]:
+                problem = "a record header fails its CRC"
+            elif end > size:
+                warnings.append(
+                    f"{path}: truncated at byte {offset} (a record of {length:,} bytes cut short)"
+                )
+                return
+            elif length > MAX_EVENT_BYTES:
+                problem = f"a record of {length:,} bytes, more than the {MAX_EVENT_BYTES:,} an event holds"
+            else:
+                data = f.read(length)
+                if tb.masked_crc32c(data) != _CRC.unpack(f.read(4))[0]:
+                    problem = "a record fails its CRC"
+                    if end == size:
+                        warnings.append(f"{path}: damaged last record at byte {offset} ({problem})")
+                        return
+            if problem is not None:
+                if skip_bad:
+                    warnings.append(
+                        f"{path}: byte {offset}: {problem}; imported the events before it "
+                        "(--skip-bad)"
+                    )
+                    return
+                raise InputError(
+                    f"{path}: byte {offset}: {problem}, followed by more records: the event "
+                    "file is damaged, not cut short (--skip-bad imports the events before it)"
+                )
+            yield offset, data
+            offset = end
+
+
+def _events(path: Path, tb, warnings: list[str], skip_bad: bool):
+    """``(offset, event)`` of each event of a file, through TensorBoard's compatibility
+    layers (legacy summaries as tensors, plugin metadata once per tag), as its loader
+    gives them; a scalar tensor's shape is checked before anything reads it."""
+    initial_metadata: dict = {}
+    for offset, data in _records(path, tb, warnings, skip_bad):
+        event = tb.event_pb2.Event.FromString(data)
+        for value in event.summary.value:
+            if value.HasField("tensor"):
+                elements = math.prod(d.size for d in value.tensor.tensor_shape.dim)
+                if elements > MAX_TENSOR_ELEMENTS or any(
+                    d.size < 0 for d in value.tensor.tensor_shape.dim
+                ):
+                    shape = " × ".join(str(d.size) for d in value.tensor.tensor_shape.dim)
+                    raise InputError(
+                        f"{path}: byte {offset}: the tensor of {value.tag[:80]!r} claims shape "
+                        f"{shape}; more than the {MAX_TENSOR_ELEMENTS:,} values audit reads "
+                        "from one (refused before it is allocated)"
+                    )
+        event = tb.data_compat.migrate_event(event)
+        for migrated in tb.dataclass_compat.migrate_event(event, initial_metadata):
+            yield offset, migrated
+
+
+MAX_TENSOR_ELEMENTS = 1 << 16  # scalars hold one value, histograms ~30 buckets of 3
 
 
 class TensorBoardSource(RunFolderSource):
     kind = "tensorboard"
     noun = "runs"
     read_what = "events"
+
+    def __init__(self, skip_bad: bool = False) -> None:
+        super().__init__()
+        self.skip_bad = skip_bad  # a damaged record: import the events before it
 
     def units(self, paths: list[Path]) -> list[Path]:
         return find_run_folders(paths)
@@ -102,18 +206,19 @@ class TensorBoardSource(RunFolderSource):
                 folder.parent, folder.name, folder.parent.name, signature, unchanged=True
             )
             return ParsedUnit(run, rows_read=0)
-        loader, plugin_data_pb2, tensor_util = _loader()
+        tb = _tensorboard()
         keys, values, steps, times = [], [], [], []
         params: dict[str, str] = {}
         plugin_of: dict[str, str] = {}
         events = 0
+        warnings: list[str] = []
         for path in files:
             try:
-                for event in loader(str(path)).Load():
+                for _offset, event in _events(path, tb, warnings, self.skip_bad):
                     events += 1
                     if not event.HasField("summary"):
                         continue
-                    ms = int(event.wall_time * 1000)
+                    ms = numbers.epoch_seconds_to_ms(event.wall_time)  # inf, 1e300: unknown
                     for value in event.summary.value:
                         if value.metadata.plugin_data.plugin_name:
                             plugin_of[value.tag] = value.metadata.plugin_data.plugin_name
@@ -122,9 +227,14 @@ class TensorBoardSource(RunFolderSource):
                         if kind == "simple_value":
                             number = value.simple_value
                         elif kind == "tensor" and plugin == "scalars":
-                            number = float(tensor_util.make_ndarray(value.tensor).item())
+                            if math.prod(d.size for d in value.tensor.tensor_shape.dim) != 1:
+                                raise InputError(
+                                    f"{path}: event {events}: the scalar {value.tag[:80]!r} "
+                                    "holds more than one value"
+                                )
+                            number = float(tb.tensor_util.make_ndarray(value.tensor).item())
                         elif plugin == "hparams":
-                            params.update(_hparams(value, plugin_data_pb2, path))
+                            params.update(_hparams(value, tb.plugin_data_pb2, path))
                             continue
                         else:
                             continue
@@ -149,15 +259,15 @@ class TensorBoardSource(RunFolderSource):
             experiment=folder.parent.name,
             signature=signature,
             name=folder.name,
-            start_ms=min(times) if times else None,
-            end_ms=max(times) if times else None,
+            start_ms=min((t for t in times if t is not None), default=None),
+            end_ms=max((t for t in times if t is not None), default=None),
             artifact_uri=str(folder),
             params=params,
             tags={"audit.status_reason": "event files have no end marker"},
             points=points,
             records=events,
         )
-        return ParsedUnit(run, rows_read=events)
+        return ParsedUnit(run, rows_read=events, warnings=warnings)
 
 
 def _hparams(value, plugin_data_pb2, path: Path) -> dict[str, str]:
@@ -181,4 +291,4 @@ def _hparams(value, plugin_data_pb2, path: Path) -> dict[str, str]:
 def import_tensorboard(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
     from audit.importers.files import import_files
 
-    return import_files(wh, TensorBoardSource(), paths, config, skip_bad, progress)
+    return import_files(wh, TensorBoardSource(skip_bad), paths, config, skip_bad, progress)

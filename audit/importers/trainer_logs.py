@@ -32,7 +32,6 @@ inventory to the run.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
@@ -42,10 +41,12 @@ import polars as pl
 
 from audit import bounded_yaml
 from audit.errors import InputError
+from audit.importers import numbers
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
+from audit.importers.read import MAX_LINE_VALUES, jsonl_records, parse_json
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
-from audit.importers.store_files import read_found_file, read_found_text, require_found_file
+from audit.importers.store_files import read_found_file, read_found_text
 from audit.walk import walk
 from audit.warehouse.values import RUN_SECONDS_TAG, TIME_BASIS_TAG
 
@@ -63,7 +64,7 @@ STATE_PARAMS = (
     "train_batch_size",
 )
 _LF_NOT_METRICS = {"current_steps", "total_steps", "percentage", "elapsed_time", "remaining_time"}
-_ELAPSED = re.compile(r"^(?:(\d+) days?, )?(\d+):(\d\d):(\d\d)(?:\.\d+)?$")
+_ELAPSED = re.compile(r"^(?:(\d{1,9}) days?, )?(\d{1,12}):(\d\d):(\d\d)(?:\.\d+)?$")
 # files written this far apart are not one copy (cp, rsync, unzip write within seconds)
 CORROBORATING_SPREAD_MS = 60_000
 
@@ -111,10 +112,10 @@ def _looks_like_verl(path: Path) -> bool:
     if not path.is_file() or path.is_symlink():  # never open a FIFO or a link just to look
         return False
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             first = f.readline(1 << 20)
-        row = json.loads(first)
-    except (OSError, ValueError):
+        row = parse_json(first, path, MAX_LINE_VALUES, line=1)
+    except (OSError, InputError):
         return False
     return isinstance(row, dict) and "step" in row and isinstance(row.get("data"), dict)
 
@@ -127,25 +128,19 @@ def _signature(files: list[Path]) -> str:
     return ";".join(f"{p.name}:{p.lstat().st_size}:{p.lstat().st_mtime_ns}" for p in files)
 
 
-def _read_json(path: Path):
-    data = read_found_file(path, MAX_FILE_BYTES, "a trainer state or results file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: byte {exc.start}: not UTF-8 text") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})"
-        ) from None
+def _read_json(path: Path, root: Path | None = None):
+    """A JSON file of an output folder ``root`` (a ``checkpoint-N/`` linked elsewhere is
+    refused, like a linked file)."""
+    return parse_json(
+        read_found_file(path, MAX_FILE_BYTES, "a trainer state or results file", root), path
+    )
 
 
 def _number(value) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, int | float):
-        return float(value)
+        return numbers.finite(value) if isinstance(value, int) else value
     if isinstance(value, str):
         try:
             return float(value)
@@ -203,7 +198,7 @@ class TrainerLogSource(RunFolderSource):
         )
         states = [folder / STATE_FILE, *sorted(folder.glob(f"checkpoint-*/{STATE_FILE}"))]
         states = [s for s in states if os.path.lexists(s)]
-        parsed_states = [(s, _trainer_state(s)) for s in states]
+        parsed_states = [(s, _trainer_state(s, folder)) for s in states]
         clock = _Clock(parsed_states, self.trust_file_times)
         if os.path.lexists(folder / LF_LOG):
             run.tags["audit.log_format"] = "llamafactory"
@@ -246,7 +241,7 @@ class TrainerLogSource(RunFolderSource):
             run.params.update(flatten_config(loaded))
         results = {}
         for path in sorted(folder.glob("*_results.json")):
-            data = _read_json(path)
+            data = _read_json(path, folder)
             if not isinstance(data, dict):
                 raise InputError(f"{path}:1: expected a JSON object of final metrics")
             results.update(data)
@@ -322,33 +317,19 @@ class TrainerLogSource(RunFolderSource):
         entries = 0
         last_elapsed = None
         elapsed_of = []
-        require_found_file(path)
-        with open(path, encoding="utf-8", errors="strict") as f:
-            try:
-                for number, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        entry = json.loads(line)
-                    except ValueError:
-                        raise InputError(f"{path}:{number}: not a JSON line") from None
-                    if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
-                        raise InputError(
-                            f"{path}:{number}: expected {{'step': N, 'data': {{...}}}}"
-                        )
-                    step = entry.get("step")
-                    if step is not None and not isinstance(step, int):
-                        raise InputError(f"{path}:{number}: step is not an integer: {step!r}")
-                    elapsed = _number(entry.get("elapsed_seconds"))
-                    last_elapsed = elapsed if elapsed is not None else last_elapsed
-                    entries += 1
-                    for key, value in entry["data"].items():
-                        value_num = _number(value)
-                        if value_num is not None and not isinstance(value, str):
-                            rows.append((key, value_num, step, None))
-                            elapsed_of.append(elapsed)
-            except UnicodeDecodeError:
-                raise InputError(f"{path}: not UTF-8 text") from None
+        for number, entry in jsonl_records(path, "a verl JSON Lines log"):
+            if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
+                raise InputError(f"{path}:{number}: expected {{'step': N, 'data': {{...}}}}")
+            step = entry.get("step")
+            numbers.step(step, f"{path}:{number}")
+            elapsed = _number(entry.get("elapsed_seconds"))
+            last_elapsed = elapsed if elapsed is not None else last_elapsed
+            entries += 1
+            for key, value in entry["data"].items():
+                value_num = _number(value)
+                if value_num is not None and not isinstance(value, str):
+                    rows.append((key, value_num, step, None))
+                    elapsed_of.append(elapsed)
         points = _points(rows)
         run = ParsedRun(
             source_dir=path.parent,
@@ -387,8 +368,8 @@ class TrainerLogSource(RunFolderSource):
         return run
 
 
-def _trainer_state(path: Path) -> dict:
-    state = _read_json(path)
+def _trainer_state(path: Path, folder: Path) -> dict:
+    state = _read_json(path, folder)
     if not isinstance(state, dict):
         raise InputError(f"{path}:1: expected a JSON object (the HF Trainer state)")
     history = state.get("log_history", [])
@@ -398,11 +379,8 @@ def _trainer_state(path: Path) -> dict:
         if not isinstance(entry, dict):
             raise InputError(f"{path}: log_history[{index}] is not an object")
         step = entry.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise InputError(f"{path}: log_history[{index}].step is not an integer: {step!r}")
-    global_step = state.get("global_step", 0)
-    if isinstance(global_step, bool) or not isinstance(global_step, int):
-        raise InputError(f"{path}: global_step is not an integer: {global_step!r}")
+        numbers.step(step, path, f"log_history[{index}].step")
+    global_step = numbers.step(state.get("global_step", 0), path, "global_step")
     state["log_history"] = history
     state["global_step"] = global_step
     return state
@@ -421,24 +399,12 @@ def _state_finished(state: dict) -> tuple[bool, str | None]:
 def _llamafactory_log(path: Path):
     """(points, finished, reason, elapsed ms of the whole log) of a trainer_log.jsonl."""
     entries = []
-    require_found_file(path)
-    with open(path, encoding="utf-8", errors="strict") as f:
-        try:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    raise InputError(f"{path}:{number}: not a JSON line") from None
-                step = entry.get("current_steps") if isinstance(entry, dict) else None
-                if isinstance(step, bool) or not isinstance(step, int):
-                    raise InputError(
-                        f"{path}:{number}: expected an object with an integer current_steps"
-                    )
-                entries.append((number, entry))
-        except UnicodeDecodeError:
-            raise InputError(f"{path}: not UTF-8 text") from None
+    for number, entry in jsonl_records(path, "a trainer_log.jsonl", path.parent):
+        step = entry.get("current_steps") if isinstance(entry, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise InputError(f"{path}:{number}: expected an object with an integer current_steps")
+        numbers.step(step, f"{path}:{number}", "current_steps")
+        entries.append((number, entry))
     elapsed = [_elapsed_ms(e.get("elapsed_time")) for _, e in entries]
     span = max((e for e in elapsed if e is not None), default=None)
     rows, row_elapsed = [], []
@@ -464,7 +430,7 @@ def _elapsed_ms(text) -> int | None:
     if not match:
         return None
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    return ((days * 24 + hours) * 3600 + minutes * 60 + seconds) * 1000
+    return numbers.seconds_to_ms((days * 24 + hours) * 3600 + minutes * 60 + seconds)
 
 
 def _positive_finite(value) -> bool:

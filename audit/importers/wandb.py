@@ -53,9 +53,11 @@ import polars as pl
 
 from audit import bounded_yaml
 from audit.errors import InputError
+from audit.importers import numbers
 from audit.importers.console import world_size
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
+from audit.importers.read import jsonl_records, parse_json
 from audit.importers.run_files import (
     GPU_SAMPLE_SCHEMA,
     POINT_SCHEMA,
@@ -64,6 +66,7 @@ from audit.importers.run_files import (
 )
 from audit.importers.run_store import latest_from_history
 from audit.importers.store_files import read_found_text, require_found_file
+from audit.redact import redact_arguments, redact_json_values, redact_tree, redact_user_id
 from audit.walk import walk
 from audit.warehouse.values import WORLD_SIZE_TAG
 
@@ -282,7 +285,13 @@ class RunState:
     head_bytes: int = 0
 
     def as_json(self) -> str:
-        return json.dumps({**self.__dict__, "state_format": STATE_VERSION}, allow_nan=True)
+        """The state as stored in ``run_files.state``: redacted like every stored text."""
+        plain = {k: v for k, v in self.__dict__.items() if k not in ("args", "summary")}
+        data = redact_tree(json.loads(json.dumps(plain, allow_nan=True)))
+        data["user"] = redact_user_id(self.user)
+        data["args"] = redact_arguments(self.args)
+        data["summary"] = redact_json_values(self.summary)
+        return json.dumps({**data, "state_format": STATE_VERSION}, allow_nan=True)
 
     @classmethod
     def from_json(cls, text: str) -> RunState | None:
@@ -317,24 +326,18 @@ def _item_path(item) -> list[str]:
     return [item.key] if item.key else list(item.nested_key)
 
 
-def _json(text: str, where: str):
+def _json(text: str, where: object):
     try:
-        return json.loads(text)
-    except ValueError:
+        return parse_json(text, where)
+    except InputError:
         raise InputError(f"{where}: a value is not JSON ({text[:40]!r})") from None
 
 
-_LAST_MS = 32_503_680_000_000  # year 3000: later (or negative) times are damage, not data
-
-
 def _ms(timestamp) -> int | None:
+    """A protobuf time; unset, or outside the years every tracker's times keep to: None."""
     if not timestamp.seconds and not timestamp.nanos:
         return None
-    return _plausible(timestamp.seconds * 1000 + timestamp.nanos // 1_000_000)
-
-
-def _plausible(ms: int | None) -> int | None:
-    return ms if ms is not None and 0 <= ms < _LAST_MS else None
+    return numbers.plausible_ms(timestamp.seconds * 1000 + timestamp.nanos // 1_000_000)
 
 
 # -- reading the log ------------------------------------------------------------------------
@@ -456,9 +459,11 @@ def _decode(path: Path, payloads: list[bytes], offsets: list[int], record_class=
                 if key in _HIDDEN_HISTORY:
                     try:
                         if key == "_step":
-                            step = int(float(item.value_json))
+                            step = numbers.step(
+                                int(float(item.value_json)), f"{path}: byte {offset}", "_step"
+                            )
                         elif key == "_timestamp":
-                            ms = _plausible(int(float(item.value_json) * 1000))
+                            ms = numbers.epoch_seconds_to_ms(float(item.value_json))
                     except (ValueError, OverflowError):
                         raise InputError(
                             f"{path}: byte {offset}: history {key} is not a number: "
@@ -559,6 +564,7 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
     """Fold the log's records from ``start`` into ``state``; returns (history, samples)."""
     history = _History()
     samples: list[tuple] = []
+    summary = _SummaryTree.of(state.summary)
     for chunk in _decoded_chunks(path, record_class, start, end):
         state.records += chunk.records
         state.history_rows += chunk.history_rows
@@ -570,7 +576,7 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
             record.ParseFromString(payload)
             kind = record.WhichOneof("record_type")
             if kind == "run":
-                _fold_run(record.run, state, path)
+                _fold_run(record.run, state, path, summary)
             elif kind == "config":
                 _fold_updates(record.config, state.config, path)
             elif kind == "exit":
@@ -582,15 +588,72 @@ def _read_records(path: Path, record_class, state: RunState, start: int, end: Lo
                 state.version = record.telemetry.cli_version
         for action, change in chunk.summary:
             if action == "set":
-                state.summary.update(change)
+                for key, value in change.items():
+                    summary.set(key, value)
             else:
                 for key in change:
-                    for name in [k for k in state.summary if k == key or k.startswith(key + ".")]:
-                        del state.summary[name]
+                    summary.remove(key)
+    state.summary = summary.flat()
     return history, samples
 
 
-def _fold_run(run, state: RunState, path: Path) -> None:
+class _SummaryTree:
+    """A run's summary (flat keys to JSON text) as a tree of its keys' dotted parts, for
+    W&B's removal: a key goes with every key below it (``a`` takes ``a.b``). Set and remove
+    cost the length of the key; scanning every key per removal made a 700 KB log of
+    summary updates and removals take 92 s."""
+
+    __slots__ = ("children", "value")
+    _UNSET = object()
+
+    def __init__(self) -> None:
+        self.value = _SummaryTree._UNSET
+        self.children: dict[str, _SummaryTree] = {}
+
+    @classmethod
+    def of(cls, flat: dict[str, str]) -> _SummaryTree:
+        root = cls()
+        for key, value in flat.items():
+            root.set(key, value)
+        return root
+
+    def set(self, key: str, value: str) -> None:
+        node = self
+        for part in key.split("."):
+            child = node.children.get(part)
+            if child is None:
+                child = node.children[part] = _SummaryTree()
+            node = child
+        node.value = value
+
+    def remove(self, key: str) -> None:
+        *parents, last = key.split(".")
+        node = self
+        for part in parents:
+            node = node.children.get(part)
+            if node is None:
+                return
+        node.children.pop(last, None)
+
+    def flat(self) -> dict[str, str]:
+        """The keys and values again, depth first (no recursion: a key of 100,000 dots is
+        100,000 levels)."""
+        out: dict[str, str] = {}
+        path: list[str] = []
+        stack: list[tuple[int, str, _SummaryTree]] = [
+            (0, part, child) for part, child in reversed(self.children.items())
+        ]
+        while stack:
+            depth, part, node = stack.pop()
+            del path[depth:]
+            path.append(part)
+            if node.value is not _SummaryTree._UNSET:
+                out[".".join(path)] = node.value
+            stack.extend((depth + 1, p, c) for p, c in reversed(node.children.items()))
+        return out
+
+
+def _fold_run(run, state: RunState, path: Path, summary: _SummaryTree) -> None:
     state.run_id = run.run_id or state.run_id
     state.project = run.project or state.project
     state.entity = run.entity or state.entity
@@ -605,7 +668,7 @@ def _fold_run(run, state: RunState, path: Path) -> None:
     if state.start_ms is None:
         state.start_ms = _ms(run.start_time)
     _fold_updates(run.config, state.config, path)
-    _fold_summary(run.summary, state.summary)
+    _fold_summary(run.summary, summary)
     if run.telemetry.cli_version:
         state.version = run.telemetry.cli_version
 
@@ -628,12 +691,13 @@ def _fold_summary_updates(record, summary: dict) -> None:
         summary[key] = item.value_json
 
 
-def _fold_summary(record, summary: dict) -> None:
-    _fold_summary_updates(record, summary)
+def _fold_summary(record, summary: _SummaryTree) -> None:
+    updates: dict[str, str] = {}
+    _fold_summary_updates(record, updates)
+    for key, value in updates.items():
+        summary.set(key, value)
     for item in record.remove:
-        key = item.key or ".".join(item.nested_key)
-        for name in [k for k in summary if k == key or k.startswith(key + ".")]:
-            del summary[name]
+        summary.remove(item.key or ".".join(item.nested_key))
 
 
 def _fold_environment(env, state: RunState) -> None:
@@ -658,7 +722,7 @@ def _fold_environment(env, state: RunState) -> None:
 
 def _fold_metadata_file(folder: Path, state: RunState) -> None:
     """``files/wandb-metadata.json`` (old versions keep host, user and GPUs only there)."""
-    meta = _read_json(folder / "files" / "wandb-metadata.json")
+    meta = _read_json(folder / "files" / "wandb-metadata.json", folder)
     if not isinstance(meta, dict):
         return
     state.host = state.host or str(meta.get("host") or "")
@@ -703,14 +767,12 @@ def _fold_console(folder: Path, state: RunState) -> None:
         state.world_size, state.world_size_said = found
 
 
-def _read_json(path: Path):
+def _read_json(path: Path, folder: Path):
+    """A JSON file of the run folder ``folder`` (no link followed on the way: a ``files/``
+    linked elsewhere is refused)."""
     if not os.path.lexists(path):
         return None
-    text = read_found_text(path, MAX_FILES_BYTES, "a W&B run file")
-    try:
-        return json.loads(text)
-    except (RecursionError, ValueError) as exc:
-        raise InputError(f"{path}: not readable JSON ({' '.join(str(exc).split())})") from None
+    return parse_json(read_found_text(path, MAX_FILES_BYTES, "a W&B run file", folder), path)
 
 
 def _iso_ms(text) -> int | None:
@@ -722,7 +784,7 @@ def _iso_ms(text) -> int | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    return int(moment.timestamp() * 1000)  # outside 1970-2200: left unknown, with a warning
 
 
 # -- from state to rows -----------------------------------------------------------------------
@@ -761,9 +823,14 @@ def slurm_job_id(state: RunState, params: dict[str, str]) -> str | None:
     return None
 
 
-def _summary_points(state: RunState, history_keys: set[str], end_ms) -> pl.DataFrame:
-    """Numeric summary values of keys never logged as history, as one point at the end."""
-    decoded = {k: _json(v, "summary") for k, v in state.summary.items() if k not in history_keys}
+def _summary_points(state: RunState, history_keys: set[str], end_ms, where: Path) -> pl.DataFrame:
+    """Numeric summary values of keys never logged as history, as one point at the end;
+    ``where`` (the log, or files/wandb-summary.json) names the file a bad value came from."""
+    decoded = {
+        k: _json(v, f"{where}: summary {k[:60]!r}")
+        for k, v in state.summary.items()
+        if k not in history_keys
+    }
     values = {}
     for key, value in flatten_config(
         {k: v for k, v in decoded.items() if not k.startswith("_")}
@@ -854,8 +921,9 @@ def _status(state: RunState, from_files: bool) -> str | None:
 
 def _end_ms(state: RunState) -> int | None:
     ends = [state.last_ms]
-    if state.start_ms is not None and state.runtime_s:
-        ends.append(state.start_ms + int(state.runtime_s * 1000))
+    runtime_ms = numbers.seconds_to_ms(state.runtime_s)  # NaN, inf, 1e300: unknown
+    if state.start_ms is not None and runtime_ms:
+        ends.append(numbers.plausible_ms(state.start_ms + runtime_ms))
     return max((e for e in ends if e is not None), default=None)
 
 
@@ -978,7 +1046,7 @@ class WandbSource(RunFolderSource):
         ).select(list(POINT_SCHEMA))
         state.latest = latest_history.select("key", "step", "timestamp", "value").rows()
         end_ms = _end_ms(state)
-        summary = _summary_points(state, history_keys, end_ms)
+        summary = _summary_points(state, history_keys, end_ms, log)
         params = config_params(state.config)
         job_id = slurm_job_id(state, params)
         run = ParsedRun(
@@ -1051,13 +1119,13 @@ class WandbSource(RunFolderSource):
         config_file = files / "config.yaml"
         if os.path.lexists(config_file):
             config = bounded_yaml.load(
-                read_found_text(config_file, MAX_FILES_BYTES, "a W&B config.yaml"),
+                read_found_text(config_file, MAX_FILES_BYTES, "a W&B config.yaml", folder),
                 config_file,
                 "a W&B config as YAML",
             )
             if isinstance(config, dict):
                 state.config = config
-        summary = _read_json(files / "wandb-summary.json")
+        summary = _read_json(files / "wandb-summary.json", folder)
         if isinstance(summary, dict):
             state.summary = {k: json.dumps(v) for k, v in summary.items()}
             runtime = (
@@ -1069,14 +1137,16 @@ class WandbSource(RunFolderSource):
                 state.runtime_s = float(runtime)
         _fold_metadata_file(folder, state)
         _fold_console(folder, state)
-        points = _history_file(files / "wandb-history.jsonl", state)
+        points = _history_file(files / "wandb-history.jsonl", state, folder)
         state.latest = (
             latest_from_history(points.with_columns(run_id=pl.lit("")))
             .select("key", "step", "timestamp", "value")
             .rows()
         )
         end_ms = _end_ms(state)
-        summary_points = _summary_points(state, set(points["key"].unique()), end_ms)
+        summary_points = _summary_points(
+            state, set(points["key"].unique()), end_ms, files / "wandb-summary.json"
+        )
         params = config_params(state.config)
         return ParsedRun(
             source_dir=folder.parent,
@@ -1103,34 +1173,27 @@ def _config_value(config: dict, key: str):
     return value.get("value") if isinstance(value, dict) else value
 
 
-def _history_file(path: Path, state: RunState) -> pl.DataFrame:
+def _history_file(path: Path, state: RunState, folder: Path) -> pl.DataFrame:
     """``files/wandb-history.jsonl`` of old wandb versions, when present."""
     history = _History()
     if not os.path.lexists(path):
         return history.frame()
-    require_found_file(path)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise InputError(f"{path}:{number}: not a JSON line") from None
-            if not isinstance(row, dict):
-                continue
-            step = row.get("_step")
-            ts = row.get("_timestamp")
-            ms = int(ts * 1000) if isinstance(ts, int | float) else None
-            keys = [k for k in row if k not in _HIDDEN_HISTORY]
-            history.add_row(
-                keys,
-                [json.dumps(row[k]) for k in keys],
-                step if isinstance(step, int) else None,
-                ms,
-            )
-            state.history_rows += 1
-            state.see_time(ms)
+    for number, row in jsonl_records(path, "a W&B history file", folder):
+        if not isinstance(row, dict):
+            continue
+        step = row.get("_step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            numbers.step(step, f"{path}:{number}", "_step")
+        ms = numbers.epoch_seconds_to_ms(row.get("_timestamp"))
+        keys = [k for k in row if k not in _HIDDEN_HISTORY]
+        history.add_row(
+            keys,
+            [json.dumps(row[k]) for k in keys],
+            step if isinstance(step, int) and not isinstance(step, bool) else None,
+            ms,
+        )
+        state.history_rows += 1
+        state.see_time(ms)
     return history.frame()
 
 

@@ -23,7 +23,9 @@ from audit import atomic
 from audit.config import Config, load_config
 from audit.errors import InputError, utf8_problem
 from audit.importers.params import flatten_config, normalised_texts
+from audit.query import partitions
 from audit.query.bulk import SQL_LEAVES, BulkEvaluator, fetch_columns
+from audit.query.deadline import run_with_deadline
 from audit.query.fields import FieldColumns, lock_down
 from audit.query.fields import shown_fields as _shown_fields
 from audit.query.filter import compile_where, count_leaves, parse_filter, parse_order
@@ -456,8 +458,9 @@ class Registry:
         return {"params": param_frame, "metrics": metric_frame, "cost": cost}
 
     # -- SQL -------------------------------------------------------------------------------------
-    def sql(self, query: str) -> pl.DataFrame:
-        """Read-only SQL over the documented views; writes and file access are refused."""
+    def sql(self, query: str, timeout: float | None = None) -> pl.DataFrame:
+        """Read-only SQL over the documented views; writes and file access are refused.
+        The query is stopped after ``timeout`` seconds, and at Ctrl-C at once."""
         if not query.strip():
             raise InputError("empty SQL query")
         # A connection of its own: file access stays disabled on it for good.
@@ -478,7 +481,11 @@ class Registry:
                     f"views: {', '.join(VIEWS)}"
                 )
             try:
-                return _result_frame(con.sql(query))
+                return run_with_deadline(
+                    con, lambda: _result_frame(con.sql(query)), timeout, "the query"
+                )
+            except duckdb.InterruptException:
+                raise KeyboardInterrupt from None
             except duckdb.Error as exc:
                 raise InputError(f"SQL error: {_first_line(exc)}") from None
         finally:
@@ -509,21 +516,60 @@ class Registry:
                         f"SELECT {partition}, count(*) FROM {table} GROUP BY 1 ORDER BY 1"
                     ).fetchall()
                     counts[table] = sum(rows for _, rows in sizes)
-                    for values in partition_slices(sizes, EXPORT_SLICE_ROWS):
-                        try:
-                            wh.con.execute(
-                                f"COPY (SELECT * FROM {table} WHERE list_contains(?, {partition})) "
-                                f"TO '{_sql_path(target / table)}' "
-                                f"(FORMAT parquet, PARTITION_BY ({partition}), OVERWRITE_OR_IGNORE)",
-                                [values],
-                            )
-                        except duckdb.Error as exc:
-                            raise InputError(
-                                f"cannot write {folder}: {_first_line(exc)}; nothing was exported"
-                            ) from None
+                    fitting = [(v, n) for v, n in sizes if partitions.fits(partition, v)]
+                    for values in partition_slices(fitting, EXPORT_SLICE_ROWS):
+                        _copy(
+                            wh.con,
+                            f"COPY (SELECT * FROM {table} WHERE list_contains(?, {partition})) "
+                            f"TO '{_sql_path(target / table)}' "
+                            f"(FORMAT parquet, PARTITION_BY ({partition}), OVERWRITE_OR_IGNORE)",
+                            [values],
+                            folder,
+                        )
+                    _export_shortened(
+                        wh.con,
+                        table,
+                        partition,
+                        [v for v, _ in sizes if not partitions.fits(partition, v)],
+                        target / table,
+                        folder,
+                    )
 
         atomic.build_folder(folder, build)
         return counts
+
+
+def _copy(con, sql: str, params: list, folder: Path) -> None:
+    try:
+        con.execute(sql, params)
+    except duckdb.Error as exc:
+        raise InputError(
+            f"cannot write {folder}: {_first_line(exc)}; nothing was exported"
+        ) from None
+
+
+def _export_shortened(
+    con, table: str, partition: str, values: list, target: Path, folder: Path
+) -> None:
+    """The partitions whose folder names no file system holds (``audit.query.partitions``):
+    each in a shortened folder, its rows keeping the value, and the folders listed with
+    their values in the table's index."""
+    index = []
+    for value in values:
+        name = partitions.shortened_name(partition, value)
+        (target / name).mkdir(parents=True, exist_ok=True)
+        _copy(
+            con,
+            f"COPY (SELECT * FROM {table} WHERE {partition} = ?) "
+            f"TO '{_sql_path(target / name / 'data_0.parquet')}' (FORMAT parquet)",
+            [value],
+            folder,
+        )
+        index.append({"column": partition, "folder": name, "value": value})
+    if index:
+        (target / partitions.SHORTENED_INDEX).write_text(
+            json.dumps(index, indent=1, ensure_ascii=False, default=str) + "\n"
+        )
 
 
 # Types of a query result that polars cannot import (an interval is what subtracting two

@@ -4,6 +4,8 @@ Each entry upgrades the warehouse from version ``n - 1`` to ``n``. Never edit a 
 migration: append a new one. ``docs/schema.md`` documents the resulting tables.
 """
 
+from audit import redact
+
 V1 = """
 CREATE TABLE sources (
     source_id VARCHAR NOT NULL,          -- short stable hash of the location
@@ -453,4 +455,63 @@ CREATE TABLE watch_cursors (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13]
+
+def _scrub(table: str, columns: list[str], users: tuple[str, ...] = (), keyed: bool = False) -> str:
+    """Rewrite the rows of ``table`` that may hold an e-mail address or a credential, with
+    the redaction every import now applies (``audit.redact``; RE2 here, linear in the text)."""
+    sets = [f"{c} = {redact.sql_redacted(c)}" for c in columns]
+    sets += [f"{c} = {redact.sql_redacted_user(c)}" for c in users]
+    if keyed:  # params and tags: a credential's name hides its whole value
+        sets = [s for s in sets if not s.startswith("value =")]
+        sets.append(f"value = {_NEW_PARAM_VALUE}")
+    suspect = " OR ".join(redact.sql_suspect(c) for c in (*columns, *users))
+    return f"UPDATE {table} SET {', '.join(sets)} WHERE {suspect};"
+
+
+_NEW_PARAM_VALUE = (
+    f"CASE WHEN {redact.sql_credential_key('key')} AND value IS NOT NULL "
+    f"THEN '{redact.SECRET_MARK}' ELSE {redact.sql_redacted('value')} END"
+)
+# E-mail addresses and credentials scrubbed from what earlier versions stored: the run
+# tables, dataset inputs, model versions, W&B run states (JSON text: values the patterns
+# reach) and findings; derived tables are dropped and rebuilt by the next import or report.
+V14 = "\n".join(
+    [
+        _scrub("runs", ["name", "source_name", "artifact_uri", "experiment_id"], ("user_id",)),
+        _scrub("experiments", ["experiment_id", "name", "artifact_location"]),
+        # value_norm first: SET reads the old value, and a rewritten text is its own norm
+        "UPDATE params SET value_norm = trim(" + _NEW_PARAM_VALUE + ") "
+        "WHERE value_num IS NULL AND ("
+        + _NEW_PARAM_VALUE
+        + ") IS DISTINCT FROM value AND ("
+        + redact.sql_suspect("key")
+        + " OR "
+        + redact.sql_suspect("value")
+        + ");",
+        _scrub("params", ["key", "value"], keyed=True),
+        _scrub("tags", ["key", "value"], keyed=True),
+        _scrub("metrics", ["key"]),
+        _scrub("latest_metrics", ["key"]),
+        _scrub("dataset_inputs", ["name", "source", "context"]),
+        _scrub("model_versions", ["name", "source"]),
+        _scrub("run_files", ["state"]),
+        "UPDATE findings SET message = "
+        + redact.sql_redacted("message")
+        + ", subject = "
+        + redact.sql_redacted("subject::VARCHAR")
+        + "::JSON, evidence = "
+        + redact.sql_redacted("evidence::VARCHAR")
+        + "::JSON, team = "
+        + redact.sql_redacted_user("team")
+        + " WHERE "
+        + " OR ".join(
+            redact.sql_suspect(c)
+            for c in ("message", "subject::VARCHAR", "evidence::VARCHAR", "team")
+        )
+        + ";",
+        "DELETE FROM report_models;",
+        "DROP TABLE IF EXISTS search_runs;",
+    ]
+)
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14]

@@ -24,10 +24,13 @@ DEFAULT_LOCK_WAIT_SECONDS = 30.0
 class Warehouse:
     """A connection to the warehouse file with the schema at ``SCHEMA_VERSION``."""
 
-    def __init__(self, path: Path, con: duckdb.DuckDBPyConnection, read_only: bool):
+    def __init__(
+        self, path: Path, con: duckdb.DuckDBPyConnection, read_only: bool, created: bool = False
+    ):
         self.path = path
         self.con = con
         self.read_only = read_only
+        self.created = created  # this open made the file: a failed first import removes it
 
     def close(self) -> None:
         self.con.close()
@@ -35,8 +38,13 @@ class Warehouse:
     def __enter__(self) -> Warehouse:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type, *exc: object) -> None:
         self.close()
+        if exc_type is not None and self.created:
+            # the command that created the warehouse failed (a refused import, Ctrl-C):
+            # nothing of it was committed, so no empty warehouse is left to report $0
+            for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
+                leftover.unlink(missing_ok=True)
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -98,6 +106,7 @@ def open_warehouse(path: str | Path, read_only: bool = False, create: bool = Tru
         )
     if not read_only and not path.parent.exists():
         raise WarehouseError(f"cannot create warehouse {path}: folder {path.parent} does not exist")
+    created = not read_only and not path.exists()
     con = _connect_waiting_for_lock(path, read_only)
     try:
         if read_only and 0 <= _current_version(con) < SCHEMA_VERSION:
@@ -111,7 +120,7 @@ def open_warehouse(path: str | Path, read_only: bool = False, create: bool = Tru
     except BaseException:
         con.close()
         raise
-    return Warehouse(path, con, read_only)
+    return Warehouse(path, con, read_only, created)
 
 
 def _connect_waiting_for_lock(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:

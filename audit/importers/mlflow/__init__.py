@@ -32,6 +32,7 @@ from audit.importers.run_store import (
 )
 from audit.importers.search_index import refresh_search_tables
 from audit.progress import NoProgress, ProgressReporter
+from audit.redact import redact_frame
 from audit.warehouse import Warehouse
 
 SUPPORTED = "sqlite:///PATH, postgresql://…, http(s)://HOST:PORT, or an mlruns/ folder"
@@ -135,7 +136,10 @@ def import_mlflow(
             experiments = experiments.filter(pl.col("experiment_id").is_in(experiment_ids))
         known = known_runs(wh, source_id)
         full_check = full_check_due(wh, source_id, started_at)
-        runs = reader.runs(experiment_ids, None if full_check else known)
+        # a SQL store's signature holds the run's name: compared as stored, redacted
+        runs = redact_frame(
+            reader.runs(experiment_ids, None if full_check else known), ["signature"]
+        )
         known = known.signatures.select("run_id", "signature")
         changed = runs.join(known, on=["run_id", "signature"], how="anti")
         summary.runs_seen = runs.height
@@ -171,7 +175,11 @@ def import_mlflow(
                 con,
                 "model_versions",
                 epoch_ms_to_datetime(
-                    model_versions, ["creation_time"], "model", "name", reader.location
+                    redact_frame(model_versions, ["name", "source"]),
+                    ["creation_time"],
+                    "model",
+                    "name",
+                    reader.location,
                 ).with_columns(source_id=pl.lit(source_id)),
             )
             summary.model_versions = model_versions.height

@@ -28,13 +28,14 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import polars as pl
 import requests
 from requests.adapters import HTTPAdapter
 
 from audit.errors import InputError, SourceUnavailable
+from audit.importers import read
 from audit.importers.mlflow import fields
 from audit.importers.mlflow.base import (
     GIT_COMMIT_TAG,
@@ -70,6 +71,7 @@ SEARCHES_AT_ONCE = 2
 BATCHES_AHEAD = 2  # batches whose histories are being fetched while one is written
 DEFAULT_MAX_RESPONSE_BYTES = 512 << 20
 DEADLINE_GRACE_S = 1.0
+MAX_REDIRECTS = 5
 
 
 class _Incomplete(Exception):
@@ -83,6 +85,10 @@ class _NotServed(Exception):
 class _TooLarge(Exception):
     def __init__(self, size: int):
         self.size = size
+
+
+class _Redirected(Exception):
+    """A redirect that is not followed: why, in the user's words."""
 
 
 def redact_url(uri: str) -> str:
@@ -156,7 +162,9 @@ class RestReader:
                 if status in RETRYABLE_STATUS:
                     last_problem = f"HTTP {status}"
                     continue
-                body = json.loads(content) if content else {}
+                body = self._parsed(content, endpoint)
+            except _Redirected as exc:
+                raise InputError(f"{self.location}: {endpoint} {exc}") from None
             except (requests.ConnectionError, requests.Timeout) as exc:
                 last_problem = type(exc).__name__
                 continue
@@ -198,6 +206,27 @@ class RestReader:
             f"({last_problem}); check the server and retry the import (nothing was written)"
         )
 
+    def _parsed(self, content: bytes, endpoint: str):
+        """An answer's JSON, bounded in values (a few KB of gzip can unpack to tens of MB
+        of ``[],``, a gigabyte as Python objects) and depth; an answer cut short or not
+        JSON raises ValueError (retried like a broken connection)."""
+        if not content:
+            return {}
+        values = read.value_bound(content)
+        if values > read.MAX_JSON_VALUES:
+            raise InputError(
+                f"{self.location}: {endpoint} answered with JSON of up to {values:,} values, "
+                f"more than the {read.MAX_JSON_VALUES:,} audit reads from one answer; refused "
+                "before it fills memory (lower [mlflow] page_size if the server is yours)"
+            )
+        try:
+            return json.loads(content)
+        except RecursionError:
+            raise InputError(
+                f"{self.location}: {endpoint} answered with JSON nested deeper than the "
+                "~1,000 levels audit reads; is this an MLflow server?"
+            ) from None
+
     def _exchange(self, method: str, url: str, payload: dict | None) -> tuple[int, bytes]:
         """One request: status and body, within ``timeout`` seconds in all, at most
         ``max_response_bytes`` of body.
@@ -232,8 +261,21 @@ class RestReader:
 
     def _read_answer(self, method, url, payload, outcome, cancelled) -> tuple[int, bytes]:
         arguments = {"params": payload} if method == "GET" else {"json": payload}
-        response = self.session.request(method, url, timeout=self.timeout, stream=True, **arguments)
-        outcome["response"] = response
+        for _ in range(MAX_REDIRECTS + 1):
+            # redirects are followed here, not by requests: only to the same server, so
+            # the credentials never travel elsewhere and a file:// target is named
+            response = self.session.request(
+                method, url, timeout=self.timeout, stream=True, allow_redirects=False, **arguments
+            )
+            outcome["response"] = response
+            if not response.is_redirect:
+                break
+            target = urljoin(url, response.headers["Location"])
+            response.close()
+            _check_redirect(url, target)
+            url = target
+        else:
+            raise _Redirected(f"redirected more than {MAX_REDIRECTS} times; not followed further")
         complete = False
         try:
             declared = response.headers.get("Content-Length", "")
@@ -595,6 +637,27 @@ def _dataset_rows(run_id: str, run: dict, where: str) -> list[tuple]:
             )
         )
     return out
+
+
+def _check_redirect(url: str, target: str) -> None:
+    """A redirect is followed only within the tracking server (same host and port; http
+    to https allowed): credentials are sent to no other host, and nothing else is read."""
+    here, there = urlsplit(url), urlsplit(target)
+    shown = _server_text(redact_url(target), 120)
+    if there.scheme not in ("http", "https"):
+        raise _Redirected(
+            f"redirected to a {_server_text(there.scheme, 20)}: URL ({shown}); refused: a "
+            "tracking server answers over HTTP, and audit reads no other kind of address"
+        )
+    default = {"http": 80, "https": 443}
+    same_host = (here.hostname or "").lower() == (there.hostname or "").lower()
+    same_port = (here.port or default[here.scheme]) == (there.port or default[there.scheme])
+    upgrade = here.scheme == "http" and there.scheme == "https" and there.port in (None, 443)
+    if not same_host or not (same_port or upgrade):
+        raise _Redirected(
+            f"redirected to another server ({shown}); not followed, so the credentials go "
+            "only to the tracking URI: pass that address as --tracking-uri if it is the server"
+        )
 
 
 def _server_text(value: object, limit: int) -> str:
