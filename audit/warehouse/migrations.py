@@ -372,4 +372,17 @@ SELECT s.host, s.gpu, r.ts, r.util_pct, r.mem_used_mib, r.mem_total_mib, r.power
 FROM gpu_readings r JOIN gpu_series s USING (series);
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10]
+# Rollups from a metrics server (audit ingest prometheus) beside raw samples: a series'
+# bucket width (NULL: raw samples) and a reading's highest utilisation in its bucket, with
+# the bucket's mean in util_pct and its memory peak in mem_used_mib. The view gains both.
+V11 = """
+ALTER TABLE gpu_series ADD COLUMN bucket_s INTEGER;
+ALTER TABLE gpu_readings ADD COLUMN util_max REAL;
+CREATE OR REPLACE VIEW gpu_samples AS
+SELECT s.host, s.gpu, r.ts, r.util_pct, r.mem_used_mib, r.mem_total_mib, r.power_w,
+       s.model, s.uuid, s.job_label, s.pod, s.origin, s.source_id, s.run_id,
+       r.util_max, s.bucket_s
+FROM gpu_readings r JOIN gpu_series s USING (series);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11]

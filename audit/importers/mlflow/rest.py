@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from audit.errors import InputError, SourceUnavailable
+from audit.importers import http
 from audit.importers.mlflow import fields
 from audit.importers.mlflow.base import (
     GIT_COMMIT_TAG,
@@ -69,20 +69,10 @@ SEARCH_EXPERIMENTS = 100  # experiment ids per runs/search request
 SEARCHES_AT_ONCE = 2
 BATCHES_AHEAD = 2  # batches whose histories are being fetched while one is written
 DEFAULT_MAX_RESPONSE_BYTES = 512 << 20
-DEADLINE_GRACE_S = 1.0
-
-
-class _Incomplete(Exception):
-    """No whole answer within the deadline (retried like a timeout)."""
 
 
 class _NotServed(Exception):
     """The server does not offer an optional endpoint (HTTP 404)."""
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int):
-        self.size = size
 
 
 def redact_url(uri: str) -> str:
@@ -160,13 +150,13 @@ class RestReader:
             except (requests.ConnectionError, requests.Timeout) as exc:
                 last_problem = type(exc).__name__
                 continue
-            except _Incomplete:
+            except http.Incomplete:
                 last_problem = f"no complete answer within {self.timeout:g} s"
                 continue
             except (requests.exceptions.ChunkedEncodingError, ValueError):
                 last_problem = "truncated or non-JSON response"
                 continue
-            except _TooLarge as exc:
+            except http.TooLarge as exc:
                 raise SourceUnavailable(
                     f"{self.location}: {endpoint} answered with more than "
                     f"{self.max_response_bytes / 2**20:,.0f} MB ({exc.size / 2**20:,.0f} MB so "
@@ -199,68 +189,12 @@ class RestReader:
         )
 
     def _exchange(self, method: str, url: str, payload: dict | None) -> tuple[int, bytes]:
-        """One request: status and body, within ``timeout`` seconds in all, at most
-        ``max_response_bytes`` of body.
-
-        The socket timeout of requests bounds each read, not the whole answer; a worker
-        thread does the exchange and is cut off at the deadline (its connection shut
-        down, so it stops reading too).
-        """
-        outcome: dict = {}
-        done = threading.Event()
-        cancelled = threading.Event()
-
-        def work() -> None:
-            try:
-                outcome["result"] = self._read_answer(method, url, payload, outcome, cancelled)
-            except BaseException as exc:  # handed to the caller
-                outcome["error"] = exc
-            finally:
-                done.set()
-
-        threading.Thread(target=work, name="audit-http", daemon=True).start()
-        # a little beyond the socket timeout, so a single stalled read still reports as one
-        if not done.wait(self.timeout + DEADLINE_GRACE_S):
-            cancelled.set()
-            response = outcome.get("response")
-            if response is not None:
-                response.raw.shutdown()  # unblocks a read in progress
-            raise _Incomplete
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["result"]
-
-    def _read_answer(self, method, url, payload, outcome, cancelled) -> tuple[int, bytes]:
+        """One request within ``timeout`` seconds in all, at most ``max_response_bytes``."""
         arguments = {"params": payload} if method == "GET" else {"json": payload}
-        response = self.session.request(method, url, timeout=self.timeout, stream=True, **arguments)
-        outcome["response"] = response
-        complete = False
-        try:
-            declared = response.headers.get("Content-Length", "")
-            if declared.isdigit() and int(declared) > self.max_response_bytes:
-                raise _TooLarge(int(declared))
-            body = bytearray()
-            while not cancelled.is_set():
-                # read1: what has arrived, so the loop sees the deadline between reads
-                chunk = response.raw.read1(1 << 16, decode_content=True)
-                if not chunk:
-                    break
-                body += chunk
-                if len(body) > self.max_response_bytes:
-                    raise _TooLarge(len(body))
-            if cancelled.is_set():
-                raise _Incomplete
-            complete = True
-            return response.status_code, bytes(body)
-        except (_TooLarge, _Incomplete):
-            raise
-        except Exception as exc:  # urllib3's protocol and read errors: a broken answer
-            raise requests.exceptions.ChunkedEncodingError(str(exc)) from None
-        finally:
-            if complete:
-                response.raw.release_conn()  # read to the end: the connection can be reused
-            else:
-                response.close()
+        answer = http.exchange(
+            self.session, method, url, self.timeout, self.max_response_bytes, **arguments
+        )
+        return answer.status, answer.body
 
     def _paged(self, method: str, endpoint: str, payload: dict, item_key: str) -> Iterator[dict]:
         token = None
