@@ -4,6 +4,7 @@ import polars as pl
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.warehouse.intervals import allocation_hours, host_instants, materialised, sample_hour
+from audit.warehouse.samples import resolutions_by_host
 from audit.warehouse.slices import partition_slices
 
 # Hosts are read in groups of at most this many samples. A host's idle stretches depend on
@@ -103,6 +104,7 @@ class IdleHost(Rule):
                     )
                 finally:
                     ctx.con.unregister("audit_idle_host_group")
+        resolutions = resolutions_by_host(ctx.con) if spans else {}
         for span in spans:
             hours = (span["last_ts"] - span["first_ts"]).total_seconds() / 3600
             if hours < t["min_idle_hours"]:
@@ -122,6 +124,7 @@ class IdleHost(Rule):
                     "first_sample": span["first_ts"],
                     "last_sample": span["last_ts"],
                     "samples": span["samples"],
+                    "resolution": resolutions.get(span["host"], ""),
                     "formula": f"{span['gpus']} GPUs × {hours:.2f} h = {gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({key}) = ${gpu_hours * price:,.2f}",
                 },
                 gpu_hours=gpu_hours,

@@ -12,10 +12,22 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
 DEADLINE_GRACE_S = 1.0
+
+
+def redact_url(uri: str) -> str:
+    """The URI without user, password or query string (tokens sometimes travel there)."""
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
 
 
 class Incomplete(Exception):

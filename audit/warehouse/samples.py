@@ -159,6 +159,14 @@ def util_mean(alias: str = "") -> str:
     return f"{alias}.util_pct" if alias else "util_pct"
 
 
+def may_belong_to(alias: str, job_id: str) -> str:
+    """SQL: a sample of the job ``job_id`` (SQL) may be: one labelled with that job by its
+    exporter (dcgm-exporter's ``hpc_job``, jobstats' ``jobid``), or an unlabelled one, which
+    only its host and time can attach. A sample labelled with another job is never this
+    job's, whatever host and time it shares."""
+    return f"({alias}.job_label IS NULL OR {alias}.job_label = {job_id})"
+
+
 _ORIGIN_NAMES = {
     "prometheus": "Prometheus",
     "dcgm": "DCGM snapshots",

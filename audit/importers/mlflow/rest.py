@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import polars as pl
 import requests
@@ -35,6 +35,7 @@ from requests.adapters import HTTPAdapter
 
 from audit.errors import InputError, SourceUnavailable
 from audit.importers import http
+from audit.importers.http import redact_url
 from audit.importers.mlflow import fields
 from audit.importers.mlflow.base import (
     GIT_COMMIT_TAG,
@@ -73,15 +74,6 @@ DEFAULT_MAX_RESPONSE_BYTES = 512 << 20
 
 class _NotServed(Exception):
     """The server does not offer an optional endpoint (HTTP 404)."""
-
-
-def redact_url(uri: str) -> str:
-    """The URI without user, password or query string (tokens sometimes travel there)."""
-    parts = urlsplit(uri)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
 
 
 class RestReader:
