@@ -625,6 +625,13 @@ def test_bad_settings_are_named(server, tmp_path):
         assert code == 2 and named in err, (text, err)
 
 
+def test_a_selector_the_server_refuses_is_an_input_error(server, tmp_path):
+    code, _, err = _ingest(tmp_path / "w.duckdb", server["url"], "--since", SINCE, "--until",
+                           UNTIL, "--selector", 'cluster=~"("')  # fmt: skip
+    assert code == 2, err
+    assert "series of DCGM_FI_DEV_GPU_UTIL" in err and "HTTP 400 bad_data" in err
+
+
 def test_a_custom_metric_map_reads_other_names(server, tmp_path):
     """[prometheus] metrics and labels name an exporter's series: here dcgm's own, through
     the custom profile, as a site with renamed metrics would."""

@@ -565,20 +565,20 @@ def _fetched(
     """The rows of each query in plan order, with up to ``concurrency`` requests at once."""
     pending: deque[tuple[Query, Future]] = deque()
     ahead = settings.concurrency * QUERIES_AHEAD
-    order = iter(queries)
-    with ThreadPoolExecutor(settings.concurrency, thread_name_prefix="audit-prometheus") as pool:
-        try:
-            for query in order:
-                pending.append(
-                    (query, pool.submit(_fetch, client, query, fields, exporter, selector, step, settings))
-                )  # fmt: skip
-                if len(pending) >= ahead:
-                    yield _checked(*pending.popleft(), step, skip_bad, summary)
-            while pending:
+    pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="audit-prometheus")
+    try:
+        for query in queries:
+            pending.append(
+                (query, pool.submit(_fetch, client, query, fields, exporter, selector, step, settings))
+            )  # fmt: skip
+            if len(pending) >= ahead:
                 yield _checked(*pending.popleft(), step, skip_bad, summary)
-        finally:  # an error or Ctrl-C: what is queued is not sent
-            for _query, future in pending:
-                future.cancel()
+        while pending:
+            yield _checked(*pending.popleft(), step, skip_bad, summary)
+    finally:
+        # an error or Ctrl-C: what is queued is not sent, and the command does not wait for
+        # the requests under way (each ends by its deadline)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
@@ -604,15 +604,12 @@ def _fetch(client, query: Query, fields: Fields, exporter, selector, step, setti
             what,
         )
     except ApiError as exc:
-        hint = ""
-        if exc.status == 422 or "too many" in exc.message or "maximum resolution" in exc.message:
-            hint = (
-                "; the server holds queries to fewer points than [prometheus] "
-                "max_points_per_query / max_points_per_series allow: lower them"
-            )
+        if exc.status != 422 and "too many" not in exc.message and "maximum" not in exc.message:
+            raise
         raise InputError(
-            f"{client.location}: {what} failed: HTTP {exc.status} {exc.kind}: {exc.message}"
-            f"{hint}; nothing was stored"
+            f"{exc.request} failed: HTTP {exc.status} {exc.kind}: {exc.message}; the server "
+            "holds queries to fewer points than [prometheus] max_points_per_query / "
+            "max_points_per_series allow: lower them; nothing was stored"
         ) from None
     if not isinstance(data, dict) or data.get("resultType") != "matrix":
         raise InputError(

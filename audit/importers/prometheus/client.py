@@ -65,14 +65,17 @@ def _secret(path: Path | None, env: str | None, what: str) -> str | None:
     return None
 
 
-class ApiError(Exception):
+class ApiError(InputError):
     """The server refused a request (HTTP 4xx other than 408/429, or status "error")."""
 
-    def __init__(self, status: int, kind: str, message: str):
-        super().__init__(message)
+    def __init__(self, location: str, what: str, status: int, kind: str, message: str):
         self.status = status
         self.kind = kind
         self.message = message
+        self.request = f"{location}: {what}"
+        super().__init__(
+            f"{self.request} failed: HTTP {status} {kind}: {message}; nothing was stored"
+        )
 
 
 class PrometheusClient:
@@ -169,6 +172,8 @@ class PrometheusClient:
             body = _envelope(answer, self.location, what)
             if answer.status >= 400 or body.get("status") != "success":
                 raise ApiError(
+                    self.location,
+                    what,
                     answer.status,
                     _server_text(body.get("errorType", ""), 40),
                     _server_text(body.get("error", ""), 300),
