@@ -35,7 +35,7 @@ import polars as pl
 from audit.costs import Cost, Facts, JobFacts, RunFacts
 from audit.heap import long_lived
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
-from audit.warehouse.samples import may_belong_to, resolutions_text, util_peak
+from audit.warehouse.samples import may_belong_to, resolutions_text, util_mean, util_peak
 from audit.windows import Window, started_in
 
 TRACKER_ORIGINS = ("mlflow", "wandb")
@@ -419,7 +419,7 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
             per_gpu = con.execute(
                 f"""
                 SELECT w.key, list_contains(?, s.origin) AS tracker,
-                       s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
+                       s.host, s.gpu, avg({util_mean("s")}) AS util, max(s.mem_used_mib) AS mem,
                        max(s.mem_total_mib) AS mem_total, count(*) AS samples,
                        any_value(s.model) AS model, max({util_peak("s")}) AS peak,
                        bool_or(s.job_label IS NOT NULL) AS labelled, min(s.origin) AS origin,
