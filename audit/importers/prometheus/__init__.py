@@ -86,20 +86,25 @@ class PrometheusSummary:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    skipped_what = "bad points"
+    skipped_what = "bad values"
 
     def line(self) -> str:
+        fleet = f"{_count(self.gpus, 'GPU')} on {_count(self.hosts, 'host')}"
         if not self.queries:
             return (
                 f"nothing to import from {self.location}: every host is imported up to "
-                f"--until already ({self.hosts:,} hosts, {self.gpus:,} GPUs) in {self.seconds:.2f} s"
+                f"--until already ({fleet}) in {self.seconds:.2f} s"
             )
-        skipped = f", skipped {len(self.skipped)} bad points" if self.skipped else ""
+        skipped = f", skipped {len(self.skipped)} bad values" if self.skipped else ""
         return (
             f"imported {self.rows_written:,} GPU buckets ({resolution_text(ORIGIN, self.step)}, "
-            f"{self.exporter}) of {self.gpus:,} GPUs on {self.hosts:,} hosts from {self.location} "
-            f"({self.points:,} values in {self.queries:,} queries{skipped}) in {self.seconds:.2f} s"
+            f"{self.exporter}) of {fleet} from {self.location} ({self.points:,} values in "
+            f"{_count(self.queries, 'query', 'queries')}{skipped}) in {self.seconds:.2f} s"
         )
+
+
+def _count(number: int, one: str, many: str | None = None) -> str:
+    return f"{number:,} {one if number == 1 else many or one + 's'}"
 
 
 # -- GPU identities --------------------------------------------------------------------------
