@@ -217,7 +217,19 @@ WEEK = "2026-W47"
 AUDIT_NOW = "2026-11-23T00:00:00"
 
 
-def run(size: str, cache: Path, steps_wanted: list[str] | None, kill_gib: float) -> None:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process (the server's share of an import)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PATHS = {"raw": ("raw CSV", "raw.duckdb", None), "1m": ("Prometheus 1m", "prom1m.duckdb", "1m"),
+         "5m": ("Prometheus 5m", "prom5m.duckdb", "5m")}  # fmt: skip
+
+
+def run(
+    size: str, cache: Path, steps_wanted: list[str] | None, kill_gib: float, paths: list[str]
+) -> None:
     from bench.data import SIZES, DataSet
     from bench.xl import GIB, measure
 
@@ -240,12 +252,15 @@ def run(size: str, cache: Path, steps_wanted: list[str] | None, kill_gib: float)
     )
     done = {r["step"] for r in records}
 
-    def step(name: str, cmd: list[str]) -> None:
+    def step(name: str, cmd: list[str], server_pid: int | None = None) -> None:
         if name in done or (steps_wanted and not any(w in name for w in steps_wanted)):
             return
         print(f"{datetime.now():%H:%M:%S} {name} ...", file=sys.stderr, flush=True)
+        server_before = cpu_seconds(server_pid) if server_pid else 0.0
         record = measure(name, cmd, work / f"{_slug(name)}.out", int(kill_gib * GIB),
                          time.time() + 6 * 3600, work)  # fmt: skip
+        if server_pid:
+            record["server_cpu_seconds"] = round(cpu_seconds(server_pid) - server_before, 1)
         record["db_bytes"] = _size(work / _db_of(name))
         records.append(record)
         with open(results, "a") as fh:
@@ -257,14 +272,10 @@ def run(size: str, cache: Path, steps_wanted: list[str] | None, kill_gib: float)
         samples = write_fleet_blocks(hosts, days, start, tsdb, work / "scratch")
         (tsdb / ".done").write_text(f"{samples} samples in {time.monotonic() - started:.0f} s\n")
     raw_samples = hosts * 8 * days * 24 * 60
-    with prometheus_server(tsdb, work / "server") as (url, _):
+    with prometheus_server(tsdb, work / "server") as (url, server):
         audit = [sys.executable, "-m", "audit", "--config", str(data.config)]
         week = ["--since", "2026-11-16", "--until", "2026-11-23"]
-        for label, db, extra in (
-            ("raw CSV", "raw.duckdb", None),
-            ("Prometheus 1m", "prom1m.duckdb", "1m"),
-            ("Prometheus 5m", "prom5m.duckdb", "5m"),
-        ):
+        for label, db, extra in (PATHS[p] for p in paths):
             base = [*audit, "--db", str(work / db)]
             if extra is None:
                 step(
@@ -273,7 +284,8 @@ def run(size: str, cache: Path, steps_wanted: list[str] | None, kill_gib: float)
                 )
             else:
                 step(f"{label}: ingest prometheus",
-                     [*base, "ingest", "prometheus", "--url", url, *week, "--step", extra])  # fmt: skip
+                     [*base, "ingest", "prometheus", "--url", url, *week, "--step", extra],
+                     server.pid)  # fmt: skip
             step(f"{label}: ingest slurm", [*base, "ingest", "slurm", str(data.sacct)])
             step(
                 f"{label}: scan",
@@ -306,15 +318,17 @@ def table(records: list[dict], raw_samples: int) -> str:
     lines = [
         f"raw samples of the fleet: {raw_samples:,}",
         "",
-        "| step | wall | CPU (user+sys) | peak RSS | warehouse after | result |",
-        "|---|--:|--:|--:|--:|---|",
+        "| step | wall | CPU (user+sys) | server CPU | peak RSS | warehouse after | load avg "
+        "start → end | result |",
+        "|---|--:|--:|--:|--:|--:|---|---|",
     ]
     for r in records:
         result = r["killed"] or _last_line(r["stdout_tail"] or r["stderr_tail"])
+        server = f"{r['server_cpu_seconds']:,.1f} s" if "server_cpu_seconds" in r else ""
         lines.append(
-            f"| {r['step']} | {r['seconds']:,.1f} s | {r['cpu_seconds']:,.1f} s "
+            f"| {r['step']} | {r['seconds']:,.1f} s | {r['cpu_seconds']:,.1f} s | {server} "
             f"| {max(r['vmhwm_mib'], r['tree_peak_mib']):,} MiB | {r['db_bytes'] / 2**20:,.0f} MiB "
-            f"| {result} |"
+            f"| {r['load_start']} → {r['load_end']} | {result} |"
         )
     return "\n".join(lines)
 
@@ -333,11 +347,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", choices=["S", "M", "L", "XL"], default="L")
     parser.add_argument("--step", action="append", help="only steps whose name holds this")
     parser.add_argument("--kill-gib", type=float, default=14.0)
+    parser.add_argument(
+        "--paths", default="raw,1m,5m", help="imports to compare: raw, 1m, 5m (comma-separated)"
+    )
     args = parser.parse_args(argv)
     problem = available()
     if problem:
         raise SystemExit(problem)
-    run(args.size, args.cache, args.step, args.kill_gib)
+    paths = [p.strip() for p in args.paths.split(",")]
+    if not paths or any(p not in PATHS for p in paths):
+        raise SystemExit(f"--paths: a comma-separated list of {', '.join(PATHS)}")
+    run(args.size, args.cache, args.step, args.kill_gib, paths)
 
 
 if __name__ == "__main__":
