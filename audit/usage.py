@@ -35,7 +35,13 @@ import polars as pl
 from audit.costs import Cost, Facts, JobFacts, RunFacts
 from audit.heap import long_lived
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
-from audit.warehouse.samples import may_belong_to, resolutions_text, util_mean, util_peak
+from audit.warehouse.samples import (
+    in_window,
+    may_belong_to,
+    resolutions_text,
+    util_mean,
+    util_peak,
+)
 from audit.windows import Window, started_in
 
 TRACKER_ORIGINS = ("mlflow", "wandb")
@@ -426,7 +432,7 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
                        max(s.bucket_s) AS bucket_s, count(s.bucket_s) AS bucketed
                 FROM {hours} w
                 JOIN gpu_samples s ON s.host = w.host AND {sample_hour("s.ts")} = w.hour
-                     AND s.ts >= w.lo AND s.ts < w.hi AND {may_belong_to("s", "w.job_id")}
+                     AND {in_window("s", "w.lo", "w.hi")} AND {may_belong_to("s", "w.job_id")}
                 WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
                 GROUP BY ALL ORDER BY w.key, tracker DESC, s.host, s.gpu
                 """,

@@ -341,6 +341,13 @@ def import_prometheus(
         chosen = _exporter(client, settings, exporter, window_start - bucket, last)
         summary.exporter = chosen.exporter.name
         hosts = _discover(client, chosen, selector, window_start - bucket, last, summary)
+        if not hosts:
+            raise InputError(
+                f"{client.location}: no GPU series with a host and a GPU label between "
+                f"{_iso(window_start - bucket)} and {_iso(last)}"
+                + (f" matching --selector {selector}" if selector else "")
+                + "".join(f"; {note}" for note in summary.notes)
+            )
         summary.hosts = len(hosts)
         summary.gpus = len({(h.host, i[1]) for h in hosts for i in h.identities})
         starts = {
