@@ -111,7 +111,7 @@ def test_unreachable_server_is_retried_then_exit_2(tmp_path, run_cli):
         ),
         (
             "[clusters]\ntimezone = 'UTC'\n",
-            "unknown section [clusters]; valid sections: attribution, cluster, cost, links, metrics, mlflow, prices, rules, suppress",
+            "unknown section [clusters]; valid sections: attribution, cluster, cost, links, metrics, mlflow, prices, prometheus, rules, suppress",
         ),
         ("[cluster]\ntimezone = 'Mars/Olympus'\n", "is not an IANA time zone"),
         ("[mlflow]\nhttp_max_retries = 'five'\n", "http_max_retries must be int, got 'five'"),

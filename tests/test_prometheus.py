@@ -30,8 +30,8 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.importers.prometheus import HostSeries, plan_queries
 from audit.importers.prometheus.exporters import Settings
+from audit.importers.prometheus.queries import HostSeries, plan_queries
 from bench.prometheus import available, create_blocks, prometheus_server, write_openmetrics
 from tests.helpers import audit_process, free_port, property_examples
 
