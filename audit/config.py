@@ -355,6 +355,26 @@ SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "sql": {
         "timeout_seconds": ((int, float), 60),  # `audit sql` stops a query after this long
     },
+    # audit ingest prometheus (checked by audit.importers.prometheus.exporters)
+    "prometheus": {
+        # auto (the first found of dcgm, jobstats, nvidia_gpu_exporter), one of them, or
+        # custom (metrics.util and the others below)
+        "exporter": ((str,), "auto"),
+        # field -> metric name, times or divided by a factor into %, MiB, W or J:
+        # util, util_alt, mem_used, mem_free, mem_total, power, energy
+        "metrics": ((dict,), {}),
+        # field -> label names tried in order: host, gpu, uuid, model, job, pod, namespace, mig
+        "labels": ((dict,), {}),
+        # window length -> bucket width, for a first import without --step
+        "resolution": ((dict,), {"1d": "1m", "7d": "5m", "longer": "15m"}),
+        "max_points_per_series": ((int,), 11_000),  # Prometheus' own limit per query
+        "max_points_per_query": ((int,), 500_000),  # the sample budget of one query
+        "concurrency": ((int,), 4),
+        "timeout_seconds": ((int, float), 60),  # one request, answer included
+        "max_retries": ((int,), 3),
+        "backoff_seconds": ((int, float), 0.5),
+        "max_response_mb": ((int, float), 256),
+    },
 }
 
 

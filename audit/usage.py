@@ -38,6 +38,13 @@ import polars as pl
 from audit.costs import Cost, Facts, JobFacts, RunFacts
 from audit.heap import long_lived
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
+from audit.warehouse.samples import (
+    in_window,
+    may_belong_to,
+    resolutions_text,
+    util_mean,
+    util_peak,
+)
 from audit.windows import Window, started_in
 
 TRACKER_ORIGINS = ("mlflow", "wandb")
@@ -101,6 +108,7 @@ class Usage:
     reason: str = ""  # ``why`` without the allocation's own details: notes group by it
     # how a run's GPUs were told from the rest of its machine's (tracker samples list all)
     chosen_from: str | None = None
+    resolution: str = ""  # what the samples are: "5-minute buckets from Prometheus"
 
     @property
     def label(self) -> str:
@@ -129,6 +137,8 @@ class Usage:
             out["samples"] = self.samples
         if self.chosen_from:
             out["gpus_of_the_run"] = self.chosen_from
+        if self.resolution:
+            out["resolution"] = self.resolution
         return out
 
 
@@ -394,8 +404,10 @@ def _allocations_counted(group: list[tuple[Allocation, Usage, str]]) -> str:
 
 
 # the fields of ``gpu_usage``'s per-GPU rows (KEY: the window's position; TRACKER: whether
-# the samples are the tracker's system metrics, else telemetry)
+# the samples are the tracker's system metrics, else telemetry; LABELLED: whether the
+# exporter labelled them with the window's job; ORIGIN, BUCKET_S, BUCKETED: what they are)
 KEY, TRACKER, HOST, GPU, UTIL, MEM, MEM_TOTAL, SAMPLES, MODEL = range(9)
+PEAK, LABELLED, ORIGIN, BUCKET_S, BUCKETED = range(9, 14)
 
 
 def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usage]:
@@ -405,7 +417,9 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
     ``unsampled`` false none (a caller with other evidence to try words its own).
 
     Telemetry is per host; a job owns the samples of its hosts inside its allocation when
-    no other job ran on the same host at the same time (else: ``ambiguous``). When a job
+    no other job ran on the same host at the same time (else: ``ambiguous``), or when its
+    exporter labelled them with the job (then the job's labelled GPUs are its own, and
+    samples labelled with another job never are). When a job
     holds fewer GPUs than the host has, its GPUs are taken to be the busiest ones there
     (the scheduler's GPU indices are not in sacct): this can only understate idleness.
     """
@@ -435,12 +449,14 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
             per_gpu = con.execute(
                 f"""
                 SELECT w.key, list_contains(?, s.origin) AS tracker,
-                       s.host, s.gpu, avg(s.util_pct) AS util, max(s.mem_used_mib) AS mem,
+                       s.host, s.gpu, avg({util_mean("s")}) AS util, max(s.mem_used_mib) AS mem,
                        max(s.mem_total_mib) AS mem_total, count(*) AS samples,
-                       any_value(s.model) AS model
+                       any_value(s.model) AS model, max({util_peak("s")}) AS peak,
+                       bool_or(s.job_label IS NOT NULL) AS labelled, min(s.origin) AS origin,
+                       max(s.bucket_s) AS bucket_s, count(s.bucket_s) AS bucketed
                 FROM {hours} w
                 JOIN gpu_samples s ON s.host = w.host AND {sample_hour("s.ts")} = w.hour
-                     AND s.ts >= w.lo AND s.ts < w.hi
+                     AND {in_window("s", "w.lo", "w.hi")} AND {may_belong_to("s", "w.job_id")}
                 WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
                 GROUP BY ALL ORDER BY w.key, tracker DESC, s.host, s.gpu
                 """,
@@ -467,6 +483,9 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
         host_list = w["hosts"]
         source = "telemetry" if "telemetry" in sources else "tracker"
         rows = sources.get(source, [])
+        labelled = [r for r in rows if r[LABELLED]]
+        if labelled:  # the exporter says which GPUs were the job's: the others were not
+            rows = labelled
         if not rows:
             if not unsampled:
                 continue
@@ -478,7 +497,7 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
                 reason="no GPU telemetry for their hosts",
             )
             continue
-        if source == "telemetry" and position in shared and len(rows) > w["gpus"]:
+        if not labelled and source == "telemetry" and position in shared and len(rows) > w["gpus"]:
             out[w["key"]] = Usage(
                 "ambiguous",
                 source,
@@ -499,13 +518,28 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
         activity = sorted(
             (
                 GpuActivity(
-                    r[HOST], r[GPU], float(r[UTIL] or 0.0), r[MEM], r[MEM_TOTAL], r[SAMPLES]
+                    r[HOST],
+                    r[GPU],
+                    float(r[UTIL] or 0.0),
+                    r[MEM],
+                    r[MEM_TOTAL],
+                    r[SAMPLES],
+                    util_max=r[PEAK],
                 )
                 for r in chosen
             ),
             key=lambda g: (g.host, g.gpu),
         )
-        out[w["key"]] = _from_activity(source, w["gpus"], activity, host_list, rows[0][MODEL])
+        use = _from_activity(source, w["gpus"], activity, host_list, rows[0][MODEL])
+        use.resolution = resolutions_text(
+            pair
+            for r in chosen
+            for pair in (
+                [(r[ORIGIN], r[BUCKET_S] if r[BUCKETED] else None)]
+                + ([(r[ORIGIN], None)] if 0 < r[BUCKETED] < r[SAMPLES] else [])
+            )
+        )
+        out[w["key"]] = use
     return out
 
 

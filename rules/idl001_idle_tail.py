@@ -117,6 +117,7 @@ class IdleTail(Rule):
                     "mean_util_pct_in_tail": round(use.mean_util, 2),
                     "usage_source": use.label,
                     "samples": use.samples,
+                    "resolution": use.resolution,
                     "formula": f"{gpus} GPUs × {hours:.2f} h = {run.cost.formula(gpu_hours)}",
                 },
                 gpu_hours=gpu_hours,

@@ -5,6 +5,7 @@ import polars as pl
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.usage import TRACKER_ORIGINS
 from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
+from audit.warehouse.samples import resolutions_by_host, util_peak
 from audit.warehouse.slices import partition_slices
 
 # Hosts are read in groups of at most this many samples. A host's idle stretches depend on
@@ -92,7 +93,7 @@ class IdleHost(Rule):
                     stretches += ctx.rows(
                         f"""
                         WITH samples AS (
-                            SELECT host, gpu, ts, util_pct AS util, model FROM gpu_samples
+                            SELECT host, gpu, ts, {util_peak()} AS util, model FROM gpu_samples
                             WHERE {of_hosts} AND isfinite(util_pct)
                         ),
                         instants AS (SELECT DISTINCT host, ts FROM samples),
@@ -132,10 +133,15 @@ class IdleHost(Rule):
                     )
                 finally:
                     ctx.con.unregister("audit_idle_host_group")
+        # what the readings are (raw samples, 5-minute buckets from Prometheus): a bucket is
+        # idle when its highest utilisation is, never by its mean
+        resolutions = resolutions_by_host(ctx.con) if stretches else {}
         for host, group in _overlapping(stretches):
-            yield self._finding(ctx, host, group, host in in_clusters)
+            yield self._finding(ctx, host, group, host in in_clusters, resolutions.get(host, ""))
 
-    def _finding(self, ctx: RuleContext, host: str, group: list[dict], in_cluster: bool):
+    def _finding(
+        self, ctx: RuleContext, host: str, group: list[dict], in_cluster: bool, resolution: str
+    ):
         t = ctx.thresholds
         first = min(s["first_ts"] for s in group)
         last = max(s["last_ts"] for s in group)
@@ -174,6 +180,7 @@ class IdleHost(Rule):
                 "idle_gpus": per_gpu,
                 "allocation": allocation,
                 "idle_when": f"every sample at ≤ {t['idle_util_pct']:g} % utilisation",
+                "resolution": resolution,
                 "formula": (
                     f"{terms} h of idle GPUs = {gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h "
                     f"({key}) = ${gpu_hours * price:,.2f}"

@@ -74,7 +74,7 @@ def test_damaged_file_store_names_the_file_and_writes_nothing(tmp_path, run_cli)
     _one_line_error(code, out, err, "/metrics/train/loss:2: expected 'timestamp value [step]'")
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM sources").fetchall() == [(1,)]
-    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(19,)]
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(20,)]
     con.close()
 
 
@@ -111,7 +111,7 @@ def test_unreachable_server_is_retried_then_exit_2(tmp_path, run_cli):
         ),
         (
             "[clusters]\ntimezone = 'UTC'\n",
-            "unknown section [clusters]; valid sections: attribution, cluster, cost, evaluations, links, materiality, metrics, mlflow, prices, rules, suppress",
+            "unknown section [clusters]; valid sections: attribution, cluster, cost, evaluations, links, materiality, metrics, mlflow, prices, prometheus, rules, shift, sql, suppress, watch",
         ),
         ("[cluster]\ntimezone = 'Mars/Olympus'\n", "is not an IANA time zone"),
         ("[mlflow]\nhttp_max_retries = 'five'\n", "http_max_retries must be int, got 'five'"),

@@ -179,6 +179,116 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     click.echo(safe(summary.line()))
 
 
+UTC_TIME = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
+
+
+@ingest.command("prometheus")
+@click.option("--url", required=True, help="Base URL of a server with the Prometheus HTTP API.")
+@click.option("--since", type=UTC_TIME, help="First bucket (UTC; default: 7 days before --until).")
+@click.option(
+    "--until", type=UTC_TIME, help="Last bucket (UTC; default: the last whole bucket before now)."
+)
+@click.option(
+    "--step",
+    metavar="DURATION",
+    help="Bucket width (60s, 1m, 5m, 1h); default: what the warehouse holds, else by the "
+    "window (≤ 1 day 1m, ≤ 7 days 5m, longer 15m; [prometheus] resolution).",
+)
+@click.option(
+    "--exporter",
+    type=click.Choice(["auto", "dcgm", "jobstats", "nvidia_gpu_exporter", "custom"]),
+    help="Whose metric names to read (default: [prometheus] exporter, auto).",
+)
+@click.option(
+    "--selector",
+    default="",
+    metavar="MATCHERS",
+    help="Label matchers added to every query, e.g. 'cluster=\"della\"'.",
+)
+@click.option("--bearer-token-file", type=click.Path(path_type=Path), help="Read a bearer token.")
+@click.option("--bearer-token-env", metavar="VAR", help="Read a bearer token from this variable.")
+@click.option("--user", metavar="NAME", help="Basic auth user (password from the next options).")
+@click.option("--password-file", type=click.Path(path_type=Path), help="Basic auth password file.")
+@click.option("--password-env", metavar="VAR", help="Basic auth password from this variable.")
+@click.option("--ca-file", type=click.Path(path_type=Path), help="CA bundle for https.")
+@click.option(
+    "--insecure-skip-verify", is_flag=True, help="Do not check the server's TLS certificate."
+)
+@click.option(
+    "--skip-bad",
+    is_flag=True,
+    help="Leave out values outside their valid range and list them (default: stop, store nothing).",
+)
+@pass_app
+def ingest_prometheus(
+    app: AppContext,
+    url,
+    since,
+    until,
+    step,
+    exporter,
+    selector,
+    bearer_token_file,
+    bearer_token_env,
+    user,
+    password_file,
+    password_env,
+    ca_file,
+    insecure_skip_verify,
+    skip_bad,
+) -> None:
+    """Import GPU telemetry rollups from Prometheus, Thanos, Mimir or VictoriaMetrics.
+
+    The server aggregates: per GPU and bucket, mean and highest utilisation, memory peak
+    and capacity, mean power, from dcgm-exporter, jobstats' GPU exporter or
+    nvidia_gpu_exporter metrics (others through [prometheus] metrics and labels). A job
+    label (hpc_job, jobid) attaches buckets to their job. Queries stay within the server's
+    points-per-series limit and [prometheus] max_points_per_query; a second import asks only
+    for the buckets after each host's last one. Credentials are read from a file or an
+    environment variable and never stored or printed. Any failure stores nothing.
+
+    \b
+    Example:
+      audit ingest prometheus --url http://prometheus:9090 --since 2026-11-16 --until 2026-11-23
+      audit ingest prometheus --url https://mimir.example/prometheus \\
+          --bearer-token-file ~/.config/mimir-token --selector 'cluster="della"'
+    """
+    from audit.importers.prometheus import Credentials, import_prometheus
+
+    if since and until and since >= until:
+        raise click.UsageError("--since must be before --until")
+    if bearer_token_file and bearer_token_env:
+        raise click.UsageError("give --bearer-token-file or --bearer-token-env, not both")
+    if password_file and password_env:
+        raise click.UsageError("give --password-file or --password-env, not both")
+    credentials = Credentials(
+        bearer_token_file=bearer_token_file,
+        bearer_token_env=bearer_token_env,
+        user=user,
+        password_file=password_file,
+        password_env=password_env,
+        ca_file=ca_file,
+        insecure_skip_verify=insecure_skip_verify,
+    )
+    config = app.config
+    with app.warehouse(create=True) as wh:
+        summary = import_prometheus(
+            wh,
+            config,
+            url,
+            since=since,
+            until=until,
+            step=step,
+            exporter=exporter,
+            selector=selector,
+            credentials=credentials,
+            skip_bad=skip_bad,
+            progress=ProgressReporter("querying Prometheus"),
+        )
+    _report_skipped(summary)
+    click.echo(safe(summary.line()))
+
+
 @ingest.command("checkpoints")
 @click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=str))
 @pass_app

@@ -106,10 +106,10 @@ def allocation_hours(where: str = "TRUE") -> str:
 
 def window_hours(windows: str) -> str:
     """Subquery over a registered frame of windows (key, cluster, job_id, start, "end"):
-    key, host, lo, hi, hour for each hour of each window's hosts."""
+    key, job_id, host, lo, hi, hour for each hour of each window's hosts."""
     return _hours(
         f"""
-        SELECT w.key, n.host, w.start AS lo, w."end" AS hi,
+        SELECT w.key, w.job_id, n.host, w.start AS lo, w."end" AS hi,
                date_trunc('hour', greatest(w.start, span.first_ts)) AS first_hour,
                least(w."end", span.last_ts) AS last_moment
         FROM {windows} w
@@ -117,7 +117,7 @@ def window_hours(windows: str) -> str:
         CROSS JOIN (SELECT min(ts) AS first_ts, max(ts) AS last_ts FROM gpu_samples) span
         WHERE w."end" > w.start
         """,
-        "key",
+        "key, job_id",
     )
 
 

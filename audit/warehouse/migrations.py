@@ -514,4 +514,17 @@ V14 = "\n".join(
     ]
 )
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14]
+# Rollups from a metrics server (audit ingest prometheus) beside raw samples: a series'
+# bucket width (NULL: raw samples) and a reading's highest utilisation in its bucket, with
+# the bucket's mean in util_pct and its memory peak in mem_used_mib. The view gains both.
+V15 = """
+ALTER TABLE gpu_series ADD COLUMN IF NOT EXISTS bucket_s INTEGER;
+ALTER TABLE gpu_readings ADD COLUMN IF NOT EXISTS util_max REAL;
+CREATE OR REPLACE VIEW gpu_samples AS
+SELECT s.host, s.gpu, r.ts, r.util_pct, r.mem_used_mib, r.mem_total_mib, r.power_w,
+       s.model, s.uuid, s.job_label, s.pod, s.origin, s.source_id, s.run_id,
+       r.util_max, s.bucket_s
+FROM gpu_readings r JOIN gpu_series s USING (series);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12, V13, V14, V15]

@@ -22,6 +22,7 @@ from audit.costs import team_of
 from audit.facts.prices import gpu_price
 from audit.importers.files import execute_on_frame
 from audit.importers.slurm_live import LiveJobs
+from audit.warehouse.samples import util_peak
 from audit.watch.settings import Policy, WatchSettings
 from audit.windows import Window
 
@@ -154,9 +155,11 @@ def price(config: Config, job: LiveJob) -> tuple[float, str]:
 # Per GPU of a job: its latest sample, and the stretch observed idle up to it: the samples
 # after the last busy one (or a reading without utilisation) and from the last gap longer
 # than stale_after on (nobody knows what the GPU did in a gap).
-IDLE_SQL = """
+# A reading is judged by the highest utilisation it vouches for (a Prometheus bucket's
+# maximum, a raw sample's value: audit.warehouse.samples.util_peak), never by a mean.
+IDLE_SQL = f"""
 WITH s AS (
-    SELECT a.job_id, a.host, a.gpu, g.ts, g.util_pct
+    SELECT a.job_id, a.host, a.gpu, g.ts, {util_peak("g")} AS util_pct
     FROM incoming_frame a JOIN gpu_samples g ON g.host = a.host AND g.gpu = a.gpu
     WHERE g.ts >= a.since AND g.ts <= $now
 ), marked AS (

@@ -22,20 +22,20 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit
 
 import polars as pl
 import requests
 from requests.adapters import HTTPAdapter
 
 from audit.errors import InputError, SourceUnavailable
-from audit.importers import read
+from audit.importers import http, read
+from audit.importers.http import redact_url
 from audit.importers.mlflow import fields
 from audit.importers.mlflow.base import (
     GIT_COMMIT_TAG,
@@ -70,34 +70,15 @@ SEARCH_EXPERIMENTS = 100  # experiment ids per runs/search request
 SEARCHES_AT_ONCE = 2
 BATCHES_AHEAD = 2  # batches whose histories are being fetched while one is written
 DEFAULT_MAX_RESPONSE_BYTES = 512 << 20
-DEADLINE_GRACE_S = 1.0
 MAX_REDIRECTS = 5
-
-
-class _Incomplete(Exception):
-    """No whole answer within the deadline (retried like a timeout)."""
 
 
 class _NotServed(Exception):
     """The server does not offer an optional endpoint (HTTP 404)."""
 
 
-class _TooLarge(Exception):
-    def __init__(self, size: int):
-        self.size = size
-
-
 class _Redirected(Exception):
     """A redirect that is not followed: why, in the user's words."""
-
-
-def redact_url(uri: str) -> str:
-    """The URI without user, password or query string (tokens sometimes travel there)."""
-    parts = urlsplit(uri)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
 
 
 class RestReader:
@@ -168,13 +149,13 @@ class RestReader:
             except (requests.ConnectionError, requests.Timeout) as exc:
                 last_problem = type(exc).__name__
                 continue
-            except _Incomplete:
+            except http.Incomplete:
                 last_problem = f"no complete answer within {self.timeout:g} s"
                 continue
             except (requests.exceptions.ChunkedEncodingError, ValueError):
                 last_problem = "truncated or non-JSON response"
                 continue
-            except _TooLarge as exc:
+            except http.TooLarge as exc:
                 raise SourceUnavailable(
                     f"{self.location}: {endpoint} answered with more than "
                     f"{self.max_response_bytes / 2**20:,.0f} MB ({exc.size / 2**20:,.0f} MB so "
@@ -228,81 +209,28 @@ class RestReader:
             ) from None
 
     def _exchange(self, method: str, url: str, payload: dict | None) -> tuple[int, bytes]:
-        """One request: status and body, within ``timeout`` seconds in all, at most
-        ``max_response_bytes`` of body.
-
-        The socket timeout of requests bounds each read, not the whole answer; a worker
-        thread does the exchange and is cut off at the deadline (its connection shut
-        down, so it stops reading too).
-        """
-        outcome: dict = {}
-        done = threading.Event()
-        cancelled = threading.Event()
-
-        def work() -> None:
-            try:
-                outcome["result"] = self._read_answer(method, url, payload, outcome, cancelled)
-            except BaseException as exc:  # handed to the caller
-                outcome["error"] = exc
-            finally:
-                done.set()
-
-        threading.Thread(target=work, name="audit-http", daemon=True).start()
-        # a little beyond the socket timeout, so a single stalled read still reports as one
-        if not done.wait(self.timeout + DEADLINE_GRACE_S):
-            cancelled.set()
-            response = outcome.get("response")
-            if response is not None:
-                response.raw.shutdown()  # unblocks a read in progress
-            raise _Incomplete
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["result"]
-
-    def _read_answer(self, method, url, payload, outcome, cancelled) -> tuple[int, bytes]:
+        """One request within ``timeout`` seconds in all, at most ``max_response_bytes``."""
         arguments = {"params": payload} if method == "GET" else {"json": payload}
         for _ in range(MAX_REDIRECTS + 1):
             # redirects are followed here, not by requests: only to the same server, so
             # the credentials never travel elsewhere and a file:// target is named
-            response = self.session.request(
-                method, url, timeout=self.timeout, stream=True, allow_redirects=False, **arguments
+            answer = http.exchange(
+                self.session,
+                method,
+                url,
+                self.timeout,
+                self.max_response_bytes,
+                allow_redirects=False,
+                **arguments,
             )
-            outcome["response"] = response
-            if not response.is_redirect:
-                break
-            target = urljoin(url, response.headers["Location"])
-            response.close()
+            if answer.status not in (301, 302, 303, 307, 308):
+                return answer.status, answer.body
+            target = urljoin(url, answer.headers.get("Location", ""))
             _check_redirect(url, target)
+            if answer.status == 303:
+                method, arguments = "GET", {"params": payload}
             url = target
-        else:
-            raise _Redirected(f"redirected more than {MAX_REDIRECTS} times; not followed further")
-        complete = False
-        try:
-            declared = response.headers.get("Content-Length", "")
-            if declared.isdigit() and int(declared) > self.max_response_bytes:
-                raise _TooLarge(int(declared))
-            body = bytearray()
-            while not cancelled.is_set():
-                # read1: what has arrived, so the loop sees the deadline between reads
-                chunk = response.raw.read1(1 << 16, decode_content=True)
-                if not chunk:
-                    break
-                body += chunk
-                if len(body) > self.max_response_bytes:
-                    raise _TooLarge(len(body))
-            if cancelled.is_set():
-                raise _Incomplete
-            complete = True
-            return response.status_code, bytes(body)
-        except (_TooLarge, _Incomplete):
-            raise
-        except Exception as exc:  # urllib3's protocol and read errors: a broken answer
-            raise requests.exceptions.ChunkedEncodingError(str(exc)) from None
-        finally:
-            if complete:
-                response.raw.release_conn()  # read to the end: the connection can be reused
-            else:
-                response.close()
+        raise _Redirected(f"redirected more than {MAX_REDIRECTS} times; not followed further")
 
     def _paged(self, method: str, endpoint: str, payload: dict, item_key: str) -> Iterator[dict]:
         token = None
