@@ -8,6 +8,7 @@ import inspect
 import pkgutil
 from importlib.metadata import entry_points
 
+from audit.config import load_config
 from audit.errors import InputError
 from audit.rule_api import Rule
 
@@ -67,10 +68,32 @@ def get_rule(code: str) -> type[Rule]:
 
 
 def effective_thresholds(rule: type[Rule], config) -> dict[str, float]:
-    """A rule's thresholds: its defaults, overridden by ``[rules.CODE]`` of the config."""
+    """A rule's thresholds: its defaults, overridden by ``[rules.CODE]`` of the config
+    (checked against the rule's schema)."""
     values = {key: threshold.default for key, threshold in rule.thresholds.items()}
-    values.update(config.values["rules"].get(rule.code, {}))
+    settings = config.values["rules"].get(rule.code, {})
+    values.update(validate_rule_settings(rule.code, settings, _where(config)))
     return values
+
+
+def check_rule_settings(config) -> None:
+    """Every ``[rules.CODE]`` table of ``config`` against its rule's thresholds: an unknown
+    rule or key, or a value out of range, is an input error naming it (exit 2) before a
+    command does any work."""
+    for code, settings in config.values["rules"].items():
+        validate_rule_settings(code, settings, _where(config))
+
+
+def load_checked_config(path):
+    """``audit.config.load_config`` with its ``[rules.CODE]`` tables checked: what every
+    command uses."""
+    config = load_config(path)
+    check_rule_settings(config)
+    return config
+
+
+def _where(config) -> str:
+    return f"config {config.path}" if config.path is not None else "config"
 
 
 def validate_rule_settings(code: str, settings: dict, where: str) -> dict[str, float]:

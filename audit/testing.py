@@ -67,14 +67,14 @@ from typing import Any
 import polars as pl
 import yaml
 
-from audit.config import Config, load_config
+from audit.config import Config
 from audit.errors import InputError
-from audit.importers.files import insert_frame
 from audit.importers.links import refresh_links
 from audit.importers.params import normalised_params
-from audit.rule_registry import get_rule
+from audit.rule_registry import get_rule, load_checked_config
 from audit.scans import RuleResult, run_rules
 from audit.warehouse import open_warehouse
+from audit.warehouse.frames import insert_frame
 from audit.warehouse.samples import append_samples
 from audit.windows import Window
 
@@ -129,7 +129,7 @@ def build_warehouse(path: Path, data: dict, config_text: str = "") -> tuple[Any,
     """A real warehouse file at ``path`` holding ``data``; returns it open, with its config."""
     config_file = path.with_suffix(".toml")
     config_file.write_text(config_text, encoding="utf-8")
-    config = load_config(config_file)
+    config = load_checked_config(config_file)
     wh = open_warehouse(path)
     con = wh.con
     experiments: dict[str, str] = {}

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from audit.facts.checkpoints import gb, storage_formula
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._checkpoints import checkpoint_rows, gb, storage_formula
+from ._shared import checkpoint_rows
 
 
 class CheckpointsBeyondRetention(Rule):

@@ -459,7 +459,7 @@ def test_an_importer_cannot_write_a_time_beyond_year_9999(tmp_path):
     import polars as pl
 
     from audit.errors import InputError
-    from audit.importers.files import insert_frame
+    from audit.warehouse.frames import insert_frame
 
     frame = pl.DataFrame({"job_id": ["7"], "ms": [1_794_823_200_000_000]}).with_columns(
         end_time=pl.from_epoch("ms", time_unit="ms")

@@ -1,5 +1,5 @@
 """Frames an import hands DuckDB inside its transaction are not kept until the commit
-(``audit.importers.files.execute_on_frame``)."""
+(``audit.warehouse.frames.execute_on_frame``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from audit.importers.files import execute_on_frame, insert_frame, replace_by_key
 from audit.query.fields import lock_down
+from audit.warehouse.frames import execute_on_frame, insert_frame, replace_by_key
 
 # In a fresh process, inside one transaction on a warehouse file: ten statements, each
 # given a frame of 1 M rows of 100-character text (~120 MB as Arrow) that matches no row,
@@ -24,7 +24,7 @@ _PROBE = """
 import sys
 import duckdb
 import polars as pl
-from audit.importers.files import execute_on_frame
+from audit.warehouse.frames import execute_on_frame
 
 def rss():
     with open("/proc/self/statm") as statm:

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.config import load_config
-from audit.importers.files import insert_frame
 from audit.importers.links import refresh_links, refresh_links_of_runs
 from audit.warehouse import open_warehouse
+from audit.warehouse.frames import insert_frame
 from tests.helpers import add_samples
 
 T0 = datetime(2026, 11, 2)

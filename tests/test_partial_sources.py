@@ -16,9 +16,9 @@ import polars as pl
 import pytest
 
 from audit.config import load_config
-from audit.importers.files import insert_frame
 from audit.importers.params import normalised_params
 from audit.warehouse import open_warehouse
+from audit.warehouse.frames import insert_frame
 from audit.warehouse.samples import delete_samples
 from tests.helpers import SHARED
 

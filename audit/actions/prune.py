@@ -44,14 +44,14 @@ from audit import interrupts
 from audit.atomic import AppendOnlyLog, read_log
 from audit.config import Config
 from audit.errors import InputError
-from audit.importers.checkpoints import best_candidates, checkpoint_entry, read_trainer_state
-from audit.rule_registry import select_rules
-from audit.rules._checkpoints import (
+from audit.facts.checkpoints import (
     kept_by_suppression,
     last_of_groups,
     orphan_explainer,
     warehouse_checkpoints,
 )
+from audit.importers.checkpoints import best_candidates, checkpoint_entry, read_trainer_state
+from audit.rule_registry import select_rules
 from audit.scans import apply_suppressions, run_rules
 from audit.suppressions import Suppressions
 from audit.walk import walk

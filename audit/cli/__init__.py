@@ -12,7 +12,7 @@ import click
 import duckdb
 
 from audit import __version__, interrupts
-from audit.config import DEFAULT_CONFIG_NAME, Config, load_config
+from audit.config import DEFAULT_CONFIG_NAME, Config
 from audit.errors import AuditError, WarehouseError
 from audit.text import terminal_safe
 from audit.warehouse import Warehouse, open_warehouse
@@ -30,7 +30,9 @@ class AppContext:
     @property
     def config(self) -> Config:
         if self._config is None:
-            self._config = load_config(self.config_path)
+            from audit.rule_registry import load_checked_config  # the rules load on first use
+
+            self._config = load_checked_config(self.config_path)
         return self._config
 
     def warehouse(self, read_only: bool = False, create: bool = False) -> Warehouse:
@@ -180,7 +182,9 @@ def cli(ctx: click.Context, db_path: Path, config_path: Path | None) -> None:
     """
     app = AppContext(db_path=db_path, config_path=config_path)
     if config_path is not None:  # a missing or invalid --config is an error for every command
-        app._config = load_config(config_path)
+        from audit.rule_registry import load_checked_config
+
+        app._config = load_checked_config(config_path)
     ctx.obj = app
 
 

@@ -17,19 +17,11 @@ import polars as pl
 from audit.config import Config
 from audit.errors import InputError
 from audit.importers.checkpoints import scan_roots
-from audit.importers.files import (
-    FileImportSummary,
-    FileSource,
-    ParsedUnit,
-    execute_on_frame,
-    import_files,
-    insert_frame,
-    now_utc,
-    replace_by_key,
-)
+from audit.importers.files import FileImportSummary, FileSource, ParsedUnit, import_files
 from audit.importers.slurm import newest_records, read_sacct
 from audit.importers.telemetry import read_telemetry
 from audit.warehouse import Warehouse
+from audit.warehouse.frames import execute_on_frame, insert_frame, now_utc, replace_by_key
 from audit.warehouse.samples import append_samples
 
 

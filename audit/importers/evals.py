@@ -42,7 +42,7 @@ from pathlib import Path
 import polars as pl
 
 from audit.errors import InputError
-from audit.importers.files import FileImportSummary, ParsedUnit, import_files, insert_frame
+from audit.importers.files import FileImportSummary, ParsedUnit, import_files
 from audit.importers.lm_eval import EVALUATOR, Evaluation, is_lm_eval, read_lm_eval
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
 from audit.importers.run_store import EPOCH_MS_MAX, EPOCH_MS_MIN
@@ -50,6 +50,7 @@ from audit.importers.store_files import read_found_file, read_named_file
 from audit.importers.text import decode, sniff
 from audit.redact import redact_frame
 from audit.walk import walk
+from audit.warehouse.frames import insert_frame
 
 # A results file with 1,267 embedded samples is 1.8 MB; a log of every sample of a large
 # suite stays far below this.

@@ -460,7 +460,7 @@ def _refresh_checkpoints_of_runs(con, settings: LinkSettings, changed_runs: str)
 def _insert_pairs(con, rows: list[tuple[str, str]]) -> None:
     import polars as pl
 
-    from audit.importers.files import execute_on_frame
+    from audit.warehouse.frames import execute_on_frame
 
     execute_on_frame(
         con,

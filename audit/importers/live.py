@@ -22,17 +22,11 @@ import requests
 from audit.config import Config
 from audit.errors import InputError
 from audit.importers.cluster import SampleBatch, import_slurm, store_jobs, stored_spans
-from audit.importers.files import (
-    FileImportSummary,
-    execute_on_frame,
-    insert_frame,
-    log_file_imports,
-    now_utc,
-    replace_by_key,
-)
+from audit.importers.files import FileImportSummary, log_file_imports
 from audit.importers.slurm_live import LiveJobs, read_live_jobs, reported_errors
 from audit.importers.telemetry import read_exposition_text, read_telemetry
 from audit.importers.text import load_json
+from audit.warehouse.frames import execute_on_frame, insert_frame, now_utc, replace_by_key
 
 # the largest answer a controller, accounting query or exporter may give (bounded memory)
 MAX_ANSWER_BYTES = 512 * 1024 * 1024

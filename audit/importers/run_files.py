@@ -22,14 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from audit.importers import numbers
-from audit.importers.files import (
-    FileImportSummary,
-    FileSource,
-    ParsedUnit,
-    execute_on_frame,
-    insert_frame,
-    now_utc,
-)
+from audit.importers.files import FileImportSummary, FileSource, ParsedUnit
 from audit.importers.run_store import (
     METRIC_SCHEMA,
     PARAM_SCHEMA,
@@ -51,6 +44,7 @@ from audit.importers.telemetry import (
     valid_value,
 )
 from audit.redact import redact_text
+from audit.warehouse.frames import execute_on_frame, insert_frame, now_utc
 from audit.warehouse.samples import append_samples, delete_samples
 
 # Metric points without run_id: what a parser hands over for one run.

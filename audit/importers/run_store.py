@@ -20,11 +20,11 @@ from datetime import UTC, datetime
 import polars as pl
 
 from audit.errors import InputError
-from audit.importers.files import execute_on_frame, insert_frame
 from audit.importers.numbers import END_MS, FIRST_MS
 from audit.importers.params import normalised_params
 from audit.importers.telemetry import FIRST_YEAR, LAST_YEAR
 from audit.redact import redact_frame, redact_keys
+from audit.warehouse.frames import execute_on_frame, insert_frame
 
 # Every tracker's times keep to the years telemetry samples keep to: a run from year 1019
 # (a start computed from a runtime of 3e10 s) or to year 5138 is damage, and would be

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from audit.importers.files import execute_on_frame
+from audit.warehouse.frames import execute_on_frame
 
 MAX_KEYS = 1500
 SEARCH_TABLE = "search_runs"

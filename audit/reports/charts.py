@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import matplotlib
 
-from audit.cli.output import safe
+from audit.text import terminal_safe as safe
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from audit.importers.files import execute_on_frame
+from audit.warehouse.frames import execute_on_frame
 
 SERIES_SCHEMA = {
     "host": pl.String,

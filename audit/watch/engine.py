@@ -25,7 +25,6 @@ from pathlib import Path
 from audit import interrupts
 from audit.config import Config
 from audit.errors import AuditError, InputError
-from audit.importers.files import now_utc
 from audit.importers.live import (
     SourceError,
     follow_files,
@@ -38,6 +37,7 @@ from audit.importers.live import (
 )
 from audit.suppressions import Suppressions
 from audit.warehouse import open_warehouse
+from audit.warehouse.frames import now_utc
 from audit.watch import records
 from audit.watch.messages import compose
 from audit.watch.notify import Notifier, Recipient, recipient_for, recipients

@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from audit.importers.files import now_utc
+from audit.warehouse.frames import now_utc
 
 IN_FLIGHT = ("sending", "cancelling")
 UNSENT = ("queued", "failed", "interrupted")  # messages the outbox sends (again)

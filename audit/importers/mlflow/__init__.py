@@ -17,7 +17,7 @@ import polars as pl
 
 from audit.config import Config, load_config
 from audit.errors import InputError
-from audit.importers.files import execute_on_frame, insert_frame, prefetch
+from audit.importers.files import prefetch
 from audit.importers.links import refresh_links
 from audit.importers.mlflow.base import KnownRuns, MlflowReader
 from audit.importers.run_store import (
@@ -34,6 +34,7 @@ from audit.importers.search_index import refresh_search_tables
 from audit.progress import NoProgress, ProgressReporter
 from audit.redact import redact_frame
 from audit.warehouse import Warehouse
+from audit.warehouse.frames import execute_on_frame, insert_frame
 
 SUPPORTED = "sqlite:///PATH, postgresql://…, http(s)://HOST:PORT, or an mlruns/ folder"
 

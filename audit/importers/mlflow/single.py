@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from audit.config import Config
 from audit.errors import InputError
-from audit.importers.files import insert_frame, now_utc
 from audit.importers.links import refresh_links_of_runs
 from audit.importers.mlflow import import_mlflow, open_reader
 from audit.importers.mlflow.rest import RestReader
@@ -24,6 +23,7 @@ from audit.importers.run_store import (
 )
 from audit.importers.search_index import update_search_tables
 from audit.warehouse import Warehouse
+from audit.warehouse.frames import insert_frame, now_utc
 
 
 def _known_source(wh: Warehouse, run_id: str) -> tuple[str, str] | None:

@@ -15,31 +15,9 @@ from collections import defaultdict
 
 from audit.config import Config
 from audit.importers.links import LinkSettings
-from audit.rule_api import RuleContext
 from audit.suppressions import Suppressions
 
 CKP_RULES = ("CKP001", "CKP002", "CKP003")
-
-
-def checkpoint_rows(ctx: RuleContext) -> list[dict]:
-    """Every checkpoint with its run (if any), the reasons it must be kept, and whether it
-    existed in the scan's window."""
-    # shared by the scans of several windows (a report's trend): the window part is not
-    rows = ctx.once(("checkpoint_rows",), lambda: _with_runs(ctx))
-    # storage waste belongs to the time the files existed: from their modification time
-    # (the newest file in them) to the last inventory that saw them
-    return [
-        {**row, "existed": ctx.window.overlaps(row["mtime"], row["imported_at"])} for row in rows
-    ]
-
-
-def _with_runs(ctx: RuleContext) -> list[dict]:
-    rows = warehouse_checkpoints(ctx.con, ctx.config)
-    for row in rows:
-        run = ctx.facts.run(row["source_id"], row["run_id"]) if row["run_id"] else None
-        row["team"] = run.team if run else None
-        row["method"] = run.method if run else None
-    return rows
 
 
 def warehouse_checkpoints(con, config: Config) -> list[dict]:
