@@ -146,6 +146,31 @@ def subject_label(subject: dict) -> str:
     return json.dumps(subject, default=str)
 
 
+@dataclass(frozen=True)
+class Waste:
+    """What a finding wasted: GPU-hours and dollars, None when the GPU count is unknown
+    (``run_hours`` then says how long), and what the figure stands on (``basis``; default:
+    the finding's owner's cost basis)."""
+
+    gpu_hours: float | None = 0.0
+    usd: float | None = 0.0
+    run_hours: float | None = None
+    basis: str | None = None
+
+    @classmethod
+    def of_runs(cls, runs: Iterable) -> Waste:
+        """The whole cost of ``runs`` (repeated work): summed where known, the run-hours of
+        those of unknown cost apart, never counted as $0."""
+        runs = list(runs)
+        known = [r for r in runs if r.cost.known]
+        unknown = [r for r in runs if not r.cost.known]
+        return cls(
+            gpu_hours=sum(r.cost.gpu_hours for r in known) if known else None,
+            usd=sum(r.cost.usd for r in known) if known else None,
+            run_hours=sum(r.run_hours or 0.0 for r in unknown) if unknown else None,
+        )
+
+
 @dataclass
 class Finding:
     """One piece of waste (or risk) with its evidence and price.
@@ -356,7 +381,28 @@ class Rule:
                 out[current].append(line)
         return {k: "\n".join(v).strip() for k, v in out.items()}
 
-    def finding(self, subject: dict, message: str, evidence: dict, **fields: Any) -> Finding:
+    def finding(
+        self,
+        subject: dict,
+        message: str,
+        evidence: dict,
+        cost: Waste | None = None,
+        owner: Any = None,
+        **fields: Any,
+    ) -> Finding:
+        """A finding of this rule. ``cost``: what it wasted (GPU-hours, dollars, run-hours
+        when the GPU count is unknown) on the basis of ``owner``'s cost unless it says its
+        own; ``owner``: the run, job or allocation it is about (its team, method and cost
+        basis). Explicit fields win."""
+        if owner is not None:
+            fields.setdefault("team", owner.team)
+            fields.setdefault("method", owner.method)
+        if cost is not None:
+            fields.setdefault("gpu_hours", cost.gpu_hours)
+            fields.setdefault("usd", cost.usd)
+            fields.setdefault("run_hours", cost.run_hours)
+            basis = cost.basis or (owner.cost.basis if owner is not None else None)
+            fields.setdefault("cost_basis", basis)
         return Finding(
             rule=self.code,
             name=self.name,

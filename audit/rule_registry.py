@@ -72,7 +72,7 @@ def effective_thresholds(rule: type[Rule], config) -> dict[str, float]:
     (checked against the rule's schema)."""
     values = {key: threshold.default for key, threshold in rule.thresholds.items()}
     settings = config.values["rules"].get(rule.code, {})
-    values.update(validate_rule_settings(rule.code, settings, _where(config)))
+    values.update(_validated(rule, settings, _where(config)))
     return values
 
 
@@ -97,7 +97,11 @@ def _where(config) -> str:
 
 
 def validate_rule_settings(code: str, settings: dict, where: str) -> dict[str, float]:
-    rule = get_rule(code)
+    return _validated(get_rule(code), settings, where)
+
+
+def _validated(rule: type[Rule], settings: dict, where: str) -> dict[str, float]:
+    code = rule.code
     out = {}
     for key, value in settings.items():
         if key not in rule.thresholds:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audit.rule_api import RuleContext
+from audit.rule_api import RuleContext, Waste
 from audit.warehouse.latest import latest_values
 
 TRAINING_METHODS_EXCLUDED = ("eval", "evaluation", "inference", "baseline")
@@ -94,8 +94,8 @@ def crossing_point(ctx: RuleContext, run, limits: dict[str, tuple[float, int, fl
     return row[0] if row else None
 
 
-def cost_after_crossing(run, crossing: dict | None, evidence: dict, what: str):
-    """GPU-hours, dollars and run-hours of ``run`` from the first logged point past its
+def cost_after_crossing(run, crossing: dict | None, evidence: dict, what: str) -> Waste:
+    """The waste of ``run`` (GPU-hours, dollars, run-hours) from the first logged point past its
     tolerance (``crossing``: ts, step) to its end: what a gate at that step would have
     saved. Writes the crossing and the formula into ``evidence``; a drop visible only in
     the final value claims nothing."""
@@ -104,7 +104,7 @@ def cost_after_crossing(run, crossing: dict | None, evidence: dict, what: str):
         evidence["formula"] = (
             f"the {what} is visible only in the final value: no gate savings claimed"
         )
-        return 0.0, 0.0, None
+        return Waste()
     after = (end - crossing["ts"]).total_seconds() / 3600
     gpu_hours, usd = run.cost.part(after)
     evidence["crossed_at"] = {"step": crossing["step"], "time": crossing["ts"]}
@@ -113,12 +113,12 @@ def cost_after_crossing(run, crossing: dict | None, evidence: dict, what: str):
             f"{after:.2f} run-hours after the crossing (until {end:%Y-%m-%d %H:%M}); "
             f"{run.cost.basis}: no GPU-hour or dollar figure"
         )
-        return None, None, after
+        return Waste(None, None, after)
     evidence["formula"] = (
         f"{run.cost.gpus:g} GPUs × {after:.2f} h after the crossing "
         f"(until {end:%Y-%m-%d %H:%M}) = {run.cost.formula(gpu_hours)}"
     )
-    return gpu_hours, usd, None
+    return Waste(gpu_hours, usd)
 
 
 def general_values(ctx: RuleContext) -> dict[tuple[str, str], dict[str, float]]:

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import polars as pl
 
 from audit.costs import RunFacts
-from audit.rule_api import Finding, Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Finding, Rule, RuleContext, Severity, Threshold, Waste
 
 RESULT_STATES = ("FINISHED", "RUNNING")  # a launch with such a run has (or will have) a result
 
@@ -121,11 +122,10 @@ class DuplicateConfig(Rule):
         every = sorted((r for launch in launches for r in launch), key=_order)
         launch_of = {r.key: n for n, launch in enumerate(launches, start=1) for r in launch}
         repeat_keys = {r.key for r in repeats}
-        known = [r for r in repeats if r.cost.gpu_hours is not None]
-        unknown = [r for r in repeats if r.cost.gpu_hours is None]
-        gpu_hours = sum(r.cost.gpu_hours for r in known) if known else None
-        usd = sum(r.cost.usd for r in known) if known else None
-        run_hours = sum(r.run_hours or 0.0 for r in unknown) if unknown else None
+        waste = Waste.of_runs(repeats)
+        known = [r for r in repeats if r.cost.known]
+        unknown = [r for r in repeats if not r.cost.known]
+        gpu_hours, run_hours = waste.gpu_hours, waste.run_hours
         repeat_launches = len({launch_of[r.key] for r in repeats})
         first = repeats[0]
         ended = (
@@ -176,18 +176,10 @@ class DuplicateConfig(Rule):
                 "params_spelled_differently": differences,
                 "ignored_volatile_params": volatile,
                 "source_commit": "same",
-                "formula": _formula(known, unknown, gpu_hours, usd, run_hours),
+                "formula": _formula(known, unknown, waste),
             },
-            gpu_hours=gpu_hours,
-            usd=usd,
-            run_hours=run_hours,
-            cost_basis=(
-                repeats[0].cost.basis
-                if len(repeats) == 1
-                else "; ".join(sorted({r.cost.rung_label for r in repeats}))
-            ),
-            team=first.team,
-            method=first.method,
+            cost=replace(waste, basis=_basis(repeats)),
+            owner=first,
             happened_at=first.start_time,
         )
 
@@ -200,11 +192,10 @@ class DuplicateConfig(Rule):
             {r.key: r for item in items for launch in item[1] for r in launch}.values(),
             key=_order,
         )
-        known = [r for r in repeats if r.cost.gpu_hours is not None]
-        unknown = [r for r in repeats if r.cost.gpu_hours is None]
-        gpu_hours = sum(r.cost.gpu_hours for r in known) if known else None
-        usd = sum(r.cost.usd for r in known) if known else None
-        run_hours = sum(r.run_hours or 0.0 for r in unknown) if unknown else None
+        waste = Waste.of_runs(repeats)
+        known = [r for r in repeats if r.cost.known]
+        unknown = [r for r in repeats if not r.cost.known]
+        gpu_hours, run_hours = waste.gpu_hours, waste.run_hours
         launches = max(len(item[1]) for item in items)
         configs = [
             {
@@ -237,13 +228,10 @@ class DuplicateConfig(Rule):
                 "repeat_runs": [
                     {"run_id": r.run_id, "name": r.name, "start": r.start_time} for r in repeats
                 ],
-                "formula": _formula(known, unknown, gpu_hours, usd, run_hours),
+                "formula": _formula(known, unknown, waste),
             },
-            gpu_hours=gpu_hours,
-            usd=usd,
-            run_hours=run_hours,
-            cost_basis="; ".join(sorted({r.cost.rung_label for r in repeats})),
-            team=first.team,
+            cost=replace(waste, basis=_basis(repeats)),
+            owner=first,
             method=first.method if len({r.method for r in repeats}) == 1 else None,
             happened_at=first.start_time,
         )
@@ -393,7 +381,15 @@ def _cost_text(gpu_hours: float | None, run_hours: float | None, unknown: int) -
     return " + ".join(parts)
 
 
-def _formula(known, unknown, gpu_hours, usd, run_hours) -> str:
+def _basis(repeats: list[RunFacts]) -> str:
+    """What the repeats' cost stands on: one run's basis, else the rungs they were priced by."""
+    if len(repeats) == 1:
+        return repeats[0].cost.basis
+    return "; ".join(sorted({r.cost.rung_label for r in repeats}))
+
+
+def _formula(known, unknown, waste: Waste) -> str:
+    gpu_hours, usd, run_hours = waste.gpu_hours, waste.usd, waste.run_hours
     parts = []
     if len(known) == 1:
         parts.append(known[0].cost.formula())

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
-from audit.rule_api import Rule, RuleContext, Severity
+from audit.rule_api import Rule, RuleContext, Severity, Waste
 
 from ._shared import evaluations
 
@@ -84,19 +85,19 @@ class DuplicateEvaluation(Rule):
                 yield self._finding(model, suite, original, duplicates, found.label_of(model))
 
     def _finding(self, model: tuple, suite: tuple, original, duplicates, shown: str):
+        waste = Waste.of_runs(duplicates)
         known = [r for r in duplicates if r.cost.known]
-        unknown = [r for r in duplicates if not r.cost.known]
-        gpu_hours = sum(r.cost.gpu_hours for r in known) if known else None
-        usd = sum(r.cost.usd for r in known) if known else None
         parts = [f"{r.cost.gpu_hours:.2f} GPU-h ({r.name})" for r in known]
         formula = (
-            " + ".join(parts) + f" = {gpu_hours:.2f} GPU-h, ${usd:,.2f}"
+            " + ".join(parts) + f" = {waste.gpu_hours:.2f} GPU-h, ${waste.usd:,.2f}"
             if known
             else "no GPU count"
         )
-        if unknown:
-            hours = sum(r.run_hours or 0 for r in unknown)
-            formula += f"; {len(unknown)} repeat(s) of unknown GPU count: {hours:.2f} run-hours"
+        if waste.run_hours is not None:
+            formula += (
+                f"; {len(duplicates) - len(known)} repeat(s) of unknown GPU count: "
+                f"{waste.run_hours:.2f} run-hours"
+            )
         name, revision, adapter = model
         tasks = [task for task, _settings in suite]
         digest = hashlib.sha1(repr(suite).encode()).hexdigest()[:8]
@@ -136,12 +137,9 @@ class DuplicateEvaluation(Rule):
                 ],
                 "formula": formula,
             },
-            gpu_hours=gpu_hours,
-            usd=usd,
-            run_hours=sum(r.run_hours or 0 for r in unknown) if gpu_hours is None else None,
-            cost_basis="; ".join(sorted({r.cost.basis for r in duplicates})),
+            cost=replace(waste, basis="; ".join(sorted({r.cost.basis for r in duplicates}))),
+            owner=duplicates[0],
             team=duplicates[0].team if len({r.team for r in duplicates}) == 1 else None,
-            method=duplicates[0].method,
             happened_at=duplicates[0].start_time,
         )
 

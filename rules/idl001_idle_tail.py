@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from audit.costs import hours_between
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
 from audit.usage import gpu_usage
 
 
@@ -120,10 +120,7 @@ class IdleTail(Rule):
                     "resolution": use.resolution,
                     "formula": f"{gpus} GPUs × {hours:.2f} h = {run.cost.formula(gpu_hours)}",
                 },
-                gpu_hours=gpu_hours,
-                usd=gpu_hours * run.cost.price,
-                cost_basis=run.cost.basis,
-                team=run.team,
-                method=run.method,
+                cost=Waste(gpu_hours, gpu_hours * run.cost.price),
+                owner=run,
                 happened_at=run.end_time,
             )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
 
 from ._usage import describe, evidence, judged, priced
 
@@ -76,10 +76,7 @@ class IdleAllocation(Rule):
                 evidence=evidence(
                     alloc, use, formula=f"{alloc.gpus} GPUs × {hours:.2f} h = {money}"
                 ),
-                gpu_hours=gpu_hours,
-                usd=usd,
-                cost_basis=alloc.cost.basis,
-                team=alloc.team,
-                method=alloc.method,
+                cost=Waste(gpu_hours, usd),
+                owner=alloc,
                 happened_at=alloc.start,
             )

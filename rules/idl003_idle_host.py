@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
 from audit.usage import TRACKER_ORIGINS
 from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
 from audit.warehouse.samples import resolutions_by_host, util_peak
@@ -186,9 +186,11 @@ class IdleHost(Rule):
                     f"({key}) = ${gpu_hours * price:,.2f}"
                 ),
             },
-            gpu_hours=gpu_hours,
-            usd=gpu_hours * price,
-            cost_basis=f"host telemetry: {gpus} idle GPUs, {gpu_hours:.2f} GPU-h",
+            cost=Waste(
+                gpu_hours,
+                gpu_hours * price,
+                basis=f"host telemetry: {gpus} idle GPUs, {gpu_hours:.2f} GPU-h",
+            ),
             happened_at=first,
         )
 

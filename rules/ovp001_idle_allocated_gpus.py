@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
 from audit.usage import Unjudged
 
 from ._usage import evidence, judged, priced
@@ -103,16 +103,13 @@ class IdleAllocatedGpus(Rule):
                 evidence=evidence(
                     alloc, use, formula=f"{len(idle)} idle GPUs × {hours:.2f} h = {money}"
                 ),
-                gpu_hours=gpu_hours,
-                usd=usd,
+                cost=Waste(gpu_hours, usd),
+                owner=alloc,
                 # never fewer GPUs than it used: the busy ones are what it needs
                 recommendation=(
                     f"Request {len(busy)} GPU{'s' if len(busy) > 1 else ''} (the {'ones' if len(busy) > 1 else 'one'} it used) "
                     f"instead of {alloc.gpus}, or make the training script use all {alloc.gpus}."
                 ),
-                cost_basis=alloc.cost.basis,
-                team=alloc.team,
-                method=alloc.method,
                 happened_at=alloc.start,
             )
         ctx.notes.extend(unjudged.notes())

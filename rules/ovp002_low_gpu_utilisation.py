@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
 from audit.usage import Unjudged
 
 from ._usage import cards_seen, evidence, judged, smaller_card
@@ -115,12 +115,9 @@ class LowGpuUtilisation(Rule):
                     f"(threshold {limit:g} %){instead}"
                 ),
                 evidence=evidence(alloc, use, formula=formula),
-                gpu_hours=gpu_hours,
-                usd=usd,
+                cost=Waste(gpu_hours, usd),
+                owner=alloc,
                 severity=severity,
-                cost_basis=alloc.cost.basis,
-                team=alloc.team,
-                method=alloc.method,
                 happened_at=alloc.start,
             )
         ctx.notes.extend(unjudged.notes())

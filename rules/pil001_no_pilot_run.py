@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
 
 from ._shared import recipes, regressed_runs
 from ._stability import unstable_runs
@@ -154,8 +154,7 @@ class NoPilotRun(Rule):
                     evidence=evidence,
                     severity=Severity.INFO,
                     risk_gpu_hours=cost.gpu_hours,
-                    team=run.team,
-                    method=run.method,
+                    owner=run,
                     happened_at=run.start_time,
                 )
                 continue
@@ -174,11 +173,8 @@ class NoPilotRun(Rule):
                     "no smaller run had tried it"
                 ),
                 evidence=evidence,
-                gpu_hours=waste,
-                usd=waste * cost.price,
-                cost_basis=cost.basis,
-                team=run.team,
-                method=run.method,
+                cost=Waste(waste, waste * cost.price, basis=cost.basis),
+                owner=run,
                 happened_at=run.start_time,
             )
 

@@ -138,7 +138,7 @@ class RedLineDrop(Rule):
             "drops": drops,
             "red_line_globs": ctx.metric_globs("red_lines"),
         }
-        gpu_hours, usd, run_hours = cost_after_crossing(run, crossing, evidence, "drop")
+        waste = cost_after_crossing(run, crossing, evidence, "drop")
         more = f"; {len(drops)} red-line metrics dropped" if len(drops) > 1 else ""
         return self.finding(
             subject={"run_id": run.run_id, "run_name": run.name},
@@ -148,12 +148,8 @@ class RedLineDrop(Rule):
                 f"tolerance {worst['tolerance']:g}) against baseline {baseline.name!r}{more}"
             ),
             evidence=evidence,
-            gpu_hours=gpu_hours,
-            usd=usd,
-            run_hours=run_hours,
-            cost_basis=run.cost.basis,
-            team=run.team,
-            method=run.method,
+            cost=waste,
+            owner=run,
             happened_at=run.start_time,
         )
 

@@ -255,7 +255,7 @@ class GeneralRegression(Rule):
             },
             "tolerance": tolerance,
         }
-        gpu_hours, usd, run_hours = cost_after_crossing(run, crossing, evidence, "regression")
+        waste = cost_after_crossing(run, crossing, evidence, "regression")
         name, change = worst[0], worst[1]
         return self.finding(
             subject={"run_id": run.run_id, "run_name": run.name},
@@ -267,12 +267,8 @@ class GeneralRegression(Rule):
             ),
             evidence=evidence,
             severity=Severity.CRITICAL if registered else self.severity,
-            gpu_hours=gpu_hours,
-            usd=usd,
-            run_hours=run_hours,
-            cost_basis=run.cost.basis,
-            team=run.team,
-            method=run.method,
+            cost=waste,
+            owner=run,
             happened_at=run.start_time,
         )
 

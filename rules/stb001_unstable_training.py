@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold, Waste
 
 from ._metrics import lookalike_metrics
 from ._stability import (
@@ -193,12 +193,8 @@ class UnstableTraining(Rule):
                     f"({_value(first.value)}, {first.test}) and {went_on}{more}"
                 ),
                 evidence=evidence,
-                gpu_hours=gpu_hours,
-                usd=usd,
-                run_hours=run_hours,
-                cost_basis=run.cost.basis,
-                team=run.team,
-                method=run.method,
+                cost=Waste(gpu_hours, usd, run_hours),
+                owner=run,
                 happened_at=first.onset_time or run.start_time,
             )
 
