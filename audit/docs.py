@@ -53,7 +53,7 @@ def command_reference() -> str:
 
 def rules_reference() -> str:
     """The rule table, as ``audit rules list`` prints it."""
-    from audit.cli.output import table
+    from audit.format import table
     from audit.rule_registry import all_rules
 
     rows = [[r.code, r.name, r.severity.label, r.summary()] for r in all_rules().values()]

@@ -80,7 +80,7 @@ _STREAMED_JSON = """
 import sys
 from pathlib import Path
 from audit.atomic import write_text_chunks
-from audit.cli.scan import json_chunks
+from audit.reports.scan import json_chunks
 from audit.errors import InputError
 
 findings = [{"id": f"{i:016x}", "message": "x" * 100} for i in range(1000)]

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "audit.progress",
             "audit.windows",
             "audit.redact",
+            "audit.format",
         ),
     ),
     ("config", ("audit.config", "audit.watch.settings")),

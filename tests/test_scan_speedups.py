@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from audit import windows
-from audit.cli.scan import json_chunks
 from audit.heap import long_lived
+from audit.reports.scan import json_chunks
 
 # zones with DST, half- and quarter-hour offsets, a skipped day (Apia, 2011-12-30), and
 # midnight transitions (Sao Paulo before 2019)

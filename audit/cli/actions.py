@@ -9,8 +9,9 @@ import click
 
 from audit import atomic, interrupts
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import safe, table
 from audit.errors import AuditError
+from audit.format import table
+from audit.text import terminal_safe as safe
 
 
 @cli.command("gate")

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import safe
 from audit.progress import ProgressReporter
+from audit.text import terminal_safe as safe
 
 
 @cli.group()

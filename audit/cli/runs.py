@@ -10,7 +10,8 @@ import click
 import polars as pl
 
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import safe, table
+from audit.format import table
+from audit.text import terminal_safe as safe
 
 FORMAT = click.option(
     "--format",

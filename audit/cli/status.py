@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import count, safe, table
+from audit.format import count, table
 from audit.status import warehouse_status
+from audit.text import terminal_safe as safe
 
 
 @cli.command()

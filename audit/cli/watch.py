@@ -6,8 +6,8 @@ import click
 
 from audit import interrupts
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.output import safe
 from audit.errors import InputError
+from audit.text import terminal_safe as safe
 
 
 @cli.command()

@@ -1,4 +1,5 @@
-"""Terminal output shared by commands: plain tables that are safe for hostile strings."""
+"""Text layout shared by the terminal and the reports: plain tables that are safe for
+hostile strings, counts."""
 
 from __future__ import annotations
 
