@@ -6,7 +6,7 @@ import json
 import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cached_property, partial
 from typing import Any
 
@@ -20,7 +20,7 @@ from audit.rule_registry import all_rules, effective_thresholds
 from audit.suppressions import Suppressions
 from audit.warehouse.allocator import return_freed_memory, return_freed_memory_if_grown
 from audit.warehouse.alongside import alongside
-from audit.windows import Window
+from audit.windows import Window, now_utc
 
 
 @dataclass
@@ -199,7 +199,7 @@ def scan(
 ) -> ScanResult:
     """Run the rules and store the scan with its findings and per-rule results (``keep``:
     see ``run_rules``)."""
-    started_at = datetime.now(UTC).replace(tzinfo=None)
+    started_at = now_utc()
     results = run_rules(wh.con, config, rules, window, shared, keep)
     apply_suppressions(wh.con, config, results)
     apply_materiality(config, results, {rule.code: rule for rule in rules})
@@ -210,7 +210,7 @@ def scan(
             [
                 scan_id,
                 started_at,
-                datetime.now(UTC).replace(tzinfo=None),
+                now_utc(),
                 config.digest,
                 window.since,
                 window.until,

@@ -89,6 +89,12 @@ def started_in(items: list, starts: list[datetime], window: Window) -> list:
 ALL_HISTORY = Window()
 
 
+def now_utc() -> datetime:
+    """The clock, naive UTC: when something is written or done (imported_at, a scan's
+    start, an action). ``now()`` is the time judged, which ``AUDIT_NOW`` may pin."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
 def now() -> datetime:
     """The current time in naive UTC, or ``AUDIT_NOW`` when it is set."""
     pinned = os.environ.get(NOW_ENV)

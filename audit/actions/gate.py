@@ -31,9 +31,8 @@ from audit.errors import AuditError, InputError
 from audit.facts.direction import Direction, Directions
 from audit.facts.shift import shift_of_runs
 from audit.recipes import red_line_tolerance
+from audit.rule_registry import effective_thresholds, get_rule
 from audit.warehouse import open_warehouse
-
-DEFAULT_TOLERANCE = 0.02
 
 
 class CannotJudge(AuditError):
@@ -79,7 +78,8 @@ def gate(
 ) -> GateResult:
     config = config or load_config(None)
     if tolerance is None:
-        tolerance = config.values["rules"].get("REG002", {}).get("tolerance", DEFAULT_TOLERANCE)
+        # REG002's: the gate and the audit judge a regression alike
+        tolerance = effective_thresholds(get_rule("REG002"), config)["tolerance"]
     if not math.isfinite(tolerance) or tolerance < 0:
         # NaN would fail every metric (no comparison holds), infinity pass every one
         raise InputError(f"--tolerance must be a finite number ≥ 0, got {tolerance}")

@@ -56,7 +56,7 @@ from audit.scans import apply_suppressions, run_rules
 from audit.suppressions import Suppressions
 from audit.walk import walk
 from audit.warehouse import open_warehouse
-from audit.windows import ALL_HISTORY
+from audit.windows import ALL_HISTORY, now_utc
 
 PLAN_VERSION = 1
 ORPHAN_RULE = "CKP003"
@@ -437,7 +437,7 @@ def _apply_entries(
 def _record_applied(db: Path, plan_path: Path, done: list[dict]) -> None:
     """The outcomes in ``prune_log``; deleted checkpoints leave the inventory."""
     with open_warehouse(db) as wh, wh.transaction() as con:
-        applied_at = datetime.now(UTC).replace(tzinfo=None)
+        applied_at = now_utc()
         con.executemany(
             "INSERT INTO prune_log VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [

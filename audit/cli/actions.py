@@ -101,6 +101,8 @@ def gate_command(
             right={2, 3, 4, 5, 6},
         )
     )
+    if result.shift is not None:  # beside the evaluations; the verdict stays the last line
+        click.echo(safe(f"shift: {result.shift['text']}"))
     worst = result.worst
     verdict = "pass" if result.passed else "FAIL"
     allowed = (
@@ -114,8 +116,6 @@ def gate_command(
             f"better: gain {worst['gain']:+.4f}) against baseline {result.baseline_id} ({allowed})"
         )
     )
-    if result.shift is not None:
-        click.echo(safe(f"shift: {result.shift['text']}"))
     if tag:
         try:
             tag_verdict(result, app.db_path, tracking_uri, app.config)

@@ -21,8 +21,9 @@ from audit.importers.files import FileImportSummary, FileSource, ParsedUnit, imp
 from audit.importers.slurm import newest_records, read_sacct
 from audit.importers.telemetry import read_telemetry
 from audit.warehouse import Warehouse
-from audit.warehouse.frames import execute_on_frame, insert_frame, now_utc, replace_by_key
+from audit.warehouse.frames import execute_on_frame, insert_frame, replace_by_key
 from audit.warehouse.samples import append_samples
+from audit.windows import now_utc
 
 
 class SlurmSource(FileSource):

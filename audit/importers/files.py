@@ -17,7 +17,8 @@ import polars as pl
 
 from audit.errors import InputError
 from audit.progress import NoProgress, ProgressReporter
-from audit.warehouse.frames import insert_frame, now_utc
+from audit.warehouse.frames import insert_frame
+from audit.windows import now_utc
 
 T = TypeVar("T")
 

@@ -26,7 +26,8 @@ from audit.importers.files import FileImportSummary, log_file_imports
 from audit.importers.slurm_live import LiveJobs, read_live_jobs, reported_errors
 from audit.importers.telemetry import read_exposition_text, read_telemetry
 from audit.importers.text import load_json
-from audit.warehouse.frames import execute_on_frame, insert_frame, now_utc, replace_by_key
+from audit.warehouse.frames import execute_on_frame, insert_frame, replace_by_key
+from audit.windows import now_utc
 
 # the largest answer a controller, accounting query or exporter may give (bounded memory)
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
@@ -268,7 +269,7 @@ def scrape_endpoints(wh, urls: list[str], config: Config, timeout: float) -> Fil
 
 
 def _scrape(url: str, timeout: float):
-    at = datetime.now(UTC).replace(tzinfo=None)
+    at = now_utc()
     try:
         with requests.get(url, timeout=timeout, stream=True) as answer:
             answer.raise_for_status()

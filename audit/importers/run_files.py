@@ -44,8 +44,9 @@ from audit.importers.telemetry import (
     valid_value,
 )
 from audit.redact import redact_text
-from audit.warehouse.frames import execute_on_frame, insert_frame, now_utc
+from audit.warehouse.frames import execute_on_frame, insert_frame
 from audit.warehouse.samples import append_samples, delete_samples
+from audit.windows import now_utc
 
 # Metric points without run_id: what a parser hands over for one run.
 POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}

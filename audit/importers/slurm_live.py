@@ -41,6 +41,7 @@ from audit.importers.slurm import (
     _json_whole,
 )
 from audit.importers.text import describe
+from audit.windows import now_utc
 
 # states in which a job holds its allocation
 HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED"})
@@ -66,7 +67,7 @@ def read_live_jobs(
 ) -> LiveJobs:
     """Jobs of a ``squeue --json`` / ``scontrol --json show job`` document. A job that
     cannot be read is an error naming ``jobs[i] (job N)`` and the field."""
-    seen_at = seen_at or datetime.now(UTC).replace(tzinfo=None)
+    seen_at = seen_at or now_utc()
     reported_errors(document, label)
     jobs = document.get("jobs") if isinstance(document, dict) else None
     if not isinstance(jobs, list):

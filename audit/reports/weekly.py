@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from functools import cache
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from audit.summary import scope_of, summarise
 from audit.warehouse.alongside import alongside
 from audit.warehouse.store import Warehouse
 from audit.watch.records import stopped
-from audit.windows import Window, now
+from audit.windows import Window, now, now_utc
 
 TREND_WEEKS = 8
 
@@ -68,7 +68,7 @@ def weekly_report(wh, config: Config, window: Window) -> StoredWeek:
         return StoredWeek(
             model_from_json(model), json.loads(figures) if figures else None, [*key, made_at]
         )
-    made_at = datetime.now(UTC).replace(tzinfo=None)  # before computing: a concurrent
+    made_at = now_utc()  # before computing: a concurrent
     report = build_report(wh, config, window, weekly=True)  # import makes it stale at once
     with wh.transaction() as con:
         con.execute(

@@ -3,16 +3,9 @@ the net every write passes (times every reader can represent)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import polars as pl
 
 from audit.errors import InputError
-
-
-def now_utc() -> datetime:
-    """The time a row is written (imported_at, acted_at): the clock, naive UTC."""
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def execute_on_frame(con, sql: str, frame: pl.DataFrame):

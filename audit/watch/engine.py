@@ -37,7 +37,6 @@ from audit.importers.live import (
 )
 from audit.suppressions import Suppressions
 from audit.warehouse import open_warehouse
-from audit.warehouse.frames import now_utc
 from audit.watch import records
 from audit.watch.messages import compose
 from audit.watch.notify import Notifier, Recipient, recipient_for, recipients
@@ -50,6 +49,7 @@ from audit.watch.policies import (
     live_jobs,
 )
 from audit.watch.settings import WatchSettings
+from audit.windows import now_utc
 
 SACCT_CURSOR = "sacct --json"
 

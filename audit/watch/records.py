@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from audit.warehouse.frames import now_utc
+from audit.windows import now_utc
 
 IN_FLIGHT = ("sending", "cancelling")
 UNSENT = ("queued", "failed", "interrupted")  # messages the outbox sends (again)

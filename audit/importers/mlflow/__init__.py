@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -35,6 +35,7 @@ from audit.progress import NoProgress, ProgressReporter
 from audit.redact import redact_frame
 from audit.warehouse import Warehouse
 from audit.warehouse.frames import execute_on_frame, insert_frame
+from audit.windows import now_utc
 
 SUPPORTED = "sqlite:///PATH, postgresql://…, http(s)://HOST:PORT, or an mlruns/ folder"
 
@@ -126,7 +127,7 @@ def import_mlflow(
 ) -> ImportSummary:
     progress = progress or NoProgress()
     started = time.monotonic()
-    started_at = datetime.now(UTC).replace(tzinfo=None)
+    started_at = now_utc()
     reader = open_reader(uri, config)
     try:
         source_id = stable_hash(reader.kind, reader.location)[:12]
@@ -287,7 +288,7 @@ def _log_import(con, summary: ImportSummary, runs: pl.DataFrame, started_at: dat
             next_id,
             summary.source_id,
             started_at,
-            datetime.now(UTC).replace(tzinfo=None),
+            now_utc(),
             summary.runs_seen,
             summary.runs_written,
             summary.runs_unchanged,

@@ -23,7 +23,8 @@ from audit.importers.run_store import (
 )
 from audit.importers.search_index import update_search_tables
 from audit.warehouse import Warehouse
-from audit.warehouse.frames import insert_frame, now_utc
+from audit.warehouse.frames import insert_frame
+from audit.windows import now_utc
 
 
 def _known_source(wh: Warehouse, run_id: str) -> tuple[str, str] | None:
