@@ -47,7 +47,7 @@ def test_progress_bar_on_a_terminal(tmp_path):
     screen = b"".join(chunks).decode("utf-8", "replace")
     assert proc.returncode == 0, screen
     assert "importing runs" in screen
-    assert "19/19" in screen
+    assert "20/20" in screen
     assert "imported 20 new or changed runs" in screen
 
 

@@ -282,7 +282,7 @@ def test_sql_is_read_only_and_sandboxed(statement, demo_db, run_cli, tmp_path):
     assert "root:" not in out  # nothing of /etc/passwd
     assert not Path("/tmp/audit-leak.csv").exists() and not Path("/tmp/audit-export").exists()
     con = duckdb.connect(str(demo_db["db"]), read_only=True)
-    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(22,)]
+    assert con.execute("SELECT count(*) FROM runs").fetchall() == [(23,)]
     con.close()
 
 
@@ -296,7 +296,7 @@ def test_sql_views(demo_db, run_cli):
         "json",
     )
     # 17 MLflow runs and the 3 W&B runs log a learning rate
-    assert code == 0 and json.loads(out) == [{"n": 20}]
+    assert code == 0 and json.loads(out) == [{"n": 21}]
     for view in (
         "runs",
         "params",
@@ -328,7 +328,7 @@ def test_sql_shows_intervals_and_times_beyond_python(demo_db, run_cli):
         "json",
     )
     assert code == 0, err
-    assert json.loads(out) == [{"job_id": "4700100", "wait": "00:05:00"}]
+    assert json.loads(out) == [{"job_id": "4700100", "wait": "00:09:00"}]
     query = (
         "SELECT INTERVAL 3 DAY + INTERVAL 2 HOUR AS d, [INTERVAL 1 MONTH] AS l, "
         "TIMESTAMP '9999-12-31' + INTERVAL 1 YEAR AS after, DATE '0001-01-01' - 1 AS before, "
@@ -357,18 +357,18 @@ def test_export_parquet(demo_db, run_cli, tmp_path):
     code, _out, _ = run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))
     assert code == 0
     runs = pl.read_parquet(target / "runs" / "**" / "*.parquet", hive_partitioning=True)
-    assert runs.height == 22 and "source_id" in runs.columns
+    assert runs.height == 23 and "source_id" in runs.columns
     samples = duckdb.sql(
         f"SELECT count(*) FROM read_parquet('{target}/gpu_samples/*/*.parquet', hive_partitioning=true)"
     ).fetchall()
-    assert samples == [(13936,)]
+    assert samples == [(14328,)]
     assert (
         run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))[0] == 2
     )  # not empty
 
 
 def test_export_in_slices_holds_every_row_once(demo_db, run_cli, tmp_path, monkeypatch):
-    """With slices of at most 1,000 rows (the demo's 13,936 samples over its hosts are cut
+    """With slices of at most 1,000 rows (the demo's 14,328 samples over its hosts are cut
     into several COPYs), every table reads back from the export as the warehouse holds it."""
     from audit.query import registry
 
