@@ -66,4 +66,4 @@ def test_wheel_installs_and_runs_the_demo_import(tmp_path):
     status = subprocess.run(
         [audit, "--db", str(db), "status"], capture_output=True, text=True, cwd=tmp_path
     )
-    assert "runs 19 (1 deleted)" in status.stdout
+    assert "runs 20 (1 deleted)" in status.stdout
