@@ -36,4 +36,4 @@ def test_export_is_read_by_a_distributed_engine(demo_db, run_cli, tmp_path):
     for host, mean in utilisation.items():
         assert abs(by_host[host] - mean) < 1e-3, host
     assert {str(source): int(n) for source, n in by_source.items()} == runs_per_source
-    assert sum(runs_per_source.values()) == 22
+    assert sum(runs_per_source.values()) == 23

@@ -213,9 +213,7 @@ def test_bad_line_names_file_and_line_and_writes_nothing(tmp_path, run_cli):
         err
         == f"Error: {path}:4: Submit: expected a time like 2024-04-04T19:29:45, got '2026-13-45T99:00:00'\n"
     )
-    con = duckdb.connect(str(db), read_only=True)
-    assert con.execute("SELECT count(*) FROM jobs").fetchall() == [(0,)]
-    con.close()
+    assert not db.exists()  # a refused first import leaves no warehouse
     code, out, err = run_cli("--db", str(db), "ingest", "slurm", "--skip-bad", str(path))
     assert code == 0
     assert out.startswith("imported 3 jobs from 1 file(s) (6 lines read, skipped 1 bad lines)")

@@ -15,7 +15,7 @@ def test_jobs_only_and_telemetry_only_warehouses_list_their_sources(tmp_path, ru
     assert code == 0
     assert "no sources imported yet" not in out
     assert "no tracker source (no runs imported)" in out
-    assert "slurm            1             20" in out
+    assert "slurm            1             21" in out
     assert "run status" not in out
 
     gpu = tmp_path / "gpu.duckdb"
