@@ -56,9 +56,10 @@ accuracy: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-# Rewrites the command reference in README.md from the commands' --help.
+# Rewrites the documentation generated from the code: docs/cli.md (the commands' --help),
+# docs/rules/ (one page per rule) and the generated blocks of docs/configuration.md and README.md.
 docs: $(VENV)/.installed
-	$(BIN)/python -m audit.docs README.md
+	$(BIN)/python -m audit.docs
 
 # Rewrites sample_logs/ from sample_logs/generate.py (needs the full mlflow: make test first).
 sample: $(VENV)/.installed-test
