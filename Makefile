@@ -67,7 +67,7 @@ sample: $(VENV)/.installed-test
 	$(BIN)/python sample_logs/generate_cluster.py
 	$(BIN)/python sample_logs/generate_wandb.py
 
-# Benchmarks of issue 8 (generated data is cached outside the repo, ~/.cache/audit-bench).
+# Benchmarks (docs/benchmarks.md; generated data is cached outside the repo, ~/.cache/audit-bench).
 # SIZE=S|M|L; L needs ~20 GB of disk and ~45 min the first time (~25 min after).
 SIZE ?= S
 REPS ?= 5

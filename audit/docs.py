@@ -183,7 +183,8 @@ def rule_page(rule: type[Rule]) -> str:
         f'`[[suppress]]` with `rule = "{rule.code}"` to `audit.toml` '
         "([scan.md](../scan.md#suppressing-findings)).",
         "",
-        f"`audit rules explain {rule.code}` prints this page in a terminal. [All rules](index.md).",
+        f"`audit rules explain {rule.code}` prints the same documentation in a terminal. "
+        "[All rules](index.md).",
         "",
     ]
     return "\n".join(parts)
