@@ -56,9 +56,10 @@ accuracy: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-# Rewrites the command reference in README.md from the commands' --help.
+# Rewrites the documentation generated from the code: docs/cli.md (the commands' --help),
+# docs/rules/ (one page per rule) and the generated blocks of docs/configuration.md and README.md.
 docs: $(VENV)/.installed
-	$(BIN)/python -m audit.docs README.md
+	$(BIN)/python -m audit.docs
 
 # Rewrites sample_logs/ from sample_logs/generate.py (needs the full mlflow: make test first).
 sample: $(VENV)/.installed-test
@@ -66,7 +67,7 @@ sample: $(VENV)/.installed-test
 	$(BIN)/python sample_logs/generate_cluster.py
 	$(BIN)/python sample_logs/generate_wandb.py
 
-# Benchmarks of issue 8 (generated data is cached outside the repo, ~/.cache/audit-bench).
+# Benchmarks (docs/benchmarks.md; generated data is cached outside the repo, ~/.cache/audit-bench).
 # SIZE=S|M|L; L needs ~20 GB of disk and ~45 min the first time (~25 min after).
 SIZE ?= S
 REPS ?= 5

@@ -39,8 +39,8 @@ class DuplicateEvaluation(Rule):
     evaluating again (`audit runs search "params.model_args LIKE '%...%'"`).
 
     References:
-    lm-evaluation-harness result files (`config`, `n-shot`, `task_hashes`); issue 17
-    (evaluation and management cost).
+    lm-evaluation-harness result files (`config`, `n-shot`, `task_hashes`); the
+    monitoring and governance advice for post-training teams (evaluation and management cost).
     """
 
     code = "EVL001"

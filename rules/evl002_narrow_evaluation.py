@@ -32,7 +32,8 @@ class NarrowEvaluation(Rule):
     every N steps and log it under `eval/general/`.
 
     References:
-    Issue 17 (benchmark comparison: a narrow evaluation hides regressions).
+    The monitoring and governance advice for post-training teams (benchmark comparison: a
+    narrow evaluation hides regressions).
     """
 
     code = "EVL002"
@@ -44,7 +45,7 @@ class NarrowEvaluation(Rule):
     thresholds = {
         "min_general_benchmarks": Threshold(
             2,
-            "fewer distinct general metrics than this is a narrow evaluation (issue 17: K = 2)",
+            "fewer distinct general metrics than this is a narrow evaluation",
             1,
         )
     }

@@ -37,7 +37,8 @@ class DominatedRun(Rule):
 
     References:
     Shenfeld, Pari, Agrawal, "RL's Razor" (2025); Thinking Machines Lab, "On-Policy
-    Distillation" (2025); issue 17 (method matrix).
+    Distillation" (2025); the monitoring and governance advice for post-training teams
+    (method matrix).
     """
 
     code = "MTX001"

@@ -42,8 +42,8 @@ class NoPilotRun(Rule):
     loss, KL and throughput, then scale it up.
 
     References:
-    Issue 17 (pilot experiments before large ones: monitoring and governance advice for
-    post-training teams).
+    The monitoring and governance advice for post-training teams (pilot experiments before
+    large ones).
     """
 
     code = "PIL001"

@@ -34,7 +34,8 @@ class QueueWait(Rule):
     throttled job arrays (`--array=0-99%8`), and review fair-share weights.
 
     References:
-    Slurm sacct `Submit`, `Eligible`, `Start` fields; issue 17 (management cost).
+    Slurm sacct `Submit`, `Eligible`, `Start` fields; the monitoring and governance advice for post-training teams
+    (management cost: queueing for a day).
     """
 
     code = "QUE001"
@@ -52,7 +53,7 @@ class QueueWait(Rule):
         ),
         "long_wait_hours": Threshold(
             24.0,
-            "a job waiting this long behind a sweep (issue 17: queueing for a day)",
+            "a job waiting this long behind a sweep",
             0,
             unit="h",
         ),

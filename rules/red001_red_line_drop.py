@@ -59,7 +59,8 @@ class RedLineDrop(Rule):
 
     References:
     Qi et al., "Fine-tuning Aligned Language Models Compromises Safety, Even When Users Do
-    Not Intend To!" (2023); issue 17 (red-line metrics).
+    Not Intend To!" (2023); the monitoring and governance advice for post-training teams (red-line
+    metrics).
     """
 
     code = "RED001"

@@ -35,7 +35,8 @@ class SamplingSourceNotRecorded(Rule):
     distillation the `teacher` model.
 
     References:
-    Issue 17 (sampling-source tracking).
+    The monitoring and governance advice for post-training teams (sampling-source
+    tracking).
     """
 
     code = "SRC001"

@@ -10,17 +10,16 @@ import shlex
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import click
 import duckdb
 import pytest
 
-from audit.cli import cli
 from audit.docs import iter_commands
 from audit.warehouse import SCHEMA_VERSION
 from audit.warehouse.migrations import MIGRATIONS
+from tests.docs_pages import command_path, shell_command_lines, user_pages
 from tests.helpers import REPO
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -143,10 +142,11 @@ def test_a_truncated_warehouse_is_an_input_error(cut, args, demo_db, tmp_path, r
         assert code == 2  # these read every table: the damage cannot go unnoticed
 
 
-def test_scan_writes_the_html_report_the_readme_shows(demo_db, tmp_path, run_cli):
+def test_scan_writes_the_html_report_the_docs_show(demo_db, tmp_path, run_cli):
     db = tmp_path / "demo.duckdb"
     shutil.copyfile(demo_db["db"], db)
-    assert "audit scan --format html --output scan.html" in README
+    reports = (REPO / "docs" / "reports.md").read_text(encoding="utf-8")
+    assert "audit scan --format html --output scan.html" in reports
     target = tmp_path / "scan.html"
     code, out, err = run_cli(
         "--db",
@@ -209,48 +209,21 @@ def test_sql_without_rows_says_no_rows(demo_db, run_cli):
 
 
 # -- documentation against the code ---------------------------------------------------------
-def _readme_commands() -> list[list[str]]:
-    """Every `audit ...` command line of the README's shell and cron examples."""
-    commands = []
-    for block in re.findall(r"```(?:sh|cron)\n(.*?)```", README, flags=re.S):
-        text = block.replace("\\\n", " ")
-        for line in text.splitlines():
-            line = re.sub(r"\$\([^)]*\)", "X", line.split(" #")[0])  # $(date ...) -> a word
-            for part in re.split(r"&&|\|\||\||;", line):
-                words = shlex.split(part.replace("`", ""), comments=True)
-                while words and ("=" in words[0] or words[0] in ("export", "cd")):
-                    words = words[1:] if "=" in words[0] or words[0] != "cd" else words[2:]
-                if words and words[0].endswith("audit") and not words[0].endswith("/srv/audit"):
-                    commands.append(words[1:])
-    return commands
+DOC_COMMANDS = shell_command_lines(user_pages())
 
 
-def _parse(args: list[str]) -> None:
-    """Parse like the CLI does, down to the command, without running anything."""
-    ctx = cli.make_context("audit", list(args), resilient_parsing=False)
-    command: click.Command = cli
-    while isinstance(command, click.Group):
-        with warnings.catch_warnings():
-            # Click 8.2 deprecates protected_args; Click 9 will hold them in ctx.args
-            warnings.simplefilter("ignore", DeprecationWarning)
-            words = [*ctx.protected_args, *ctx.args]
-        name, command, rest = command.resolve_command(ctx, words)
-        ctx = command.make_context(name, rest, parent=ctx)
+def test_the_docs_have_command_examples():
+    assert len(DOC_COMMANDS) >= 40
 
 
-README_COMMANDS = _readme_commands()
-
-
-def test_the_readme_has_command_examples():
-    assert len(README_COMMANDS) >= 40
-
-
-@pytest.mark.parametrize("args", README_COMMANDS, ids=" ".join)
-def test_every_readme_example_is_accepted_by_the_cli(args):
+@pytest.mark.parametrize(
+    "args", [args for _, args in DOC_COMMANDS], ids=[f"{p}: {' '.join(a)}" for p, a in DOC_COMMANDS]
+)
+def test_every_documented_example_is_accepted_by_the_cli(args):
     try:
-        _parse(args)
+        command_path(args)
     except click.UsageError as exc:
-        pytest.fail(f"README shows `audit {shlex.join(args)}`, the CLI refuses it: {exc}")
+        pytest.fail(f"the docs show `audit {shlex.join(args)}`, the CLI refuses it: {exc}")
 
 
 def test_the_documented_schema_version_is_the_code_s():
@@ -261,7 +234,8 @@ def test_the_documented_schema_version_is_the_code_s():
         assert re.search(rf"^## Version {number}: ", SCHEMA_DOC, re.M), (
             f"docs/schema.md lacks version {number}"
         )
-    shown = re.findall(r"\(schema v(\d+)\)", README)
+    pages = "".join(page.read_text(encoding="utf-8") for page in user_pages())
+    shown = re.findall(r"\(schema v(\d+)\)", pages)
     assert shown and set(shown) == {str(SCHEMA_VERSION)}
 
 

@@ -1,4 +1,4 @@
-"""The README's "Writing a rule" section is the plug-in in tests/plugin_example, verbatim,
+"""docs/writing-a-rule.md shows the plug-in in tests/plugin_example, verbatim,
 and that plug-in works: installed through its entry point it is listed, explained, run by
 `audit scan` as a family of its own, and its cases pass with ``audit.testing``."""
 
@@ -21,17 +21,16 @@ FILES = [
 ]
 
 
-def readme_blocks() -> list[str]:
-    """The fenced code blocks of README's "Writing a rule" section."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Writing a rule\n", 1)[1].split("\n## ", 1)[0]
-    return [m.group(1) for m in re.finditer(r"```\w*\n(.*?)```", section, flags=re.S)]
+def page_blocks() -> list[str]:
+    """The fenced code blocks of docs/writing-a-rule.md."""
+    text = (REPO / "docs" / "writing-a-rule.md").read_text(encoding="utf-8")
+    return [m.group(1) for m in re.finditer(r"```\w*\n(.*?)```", text, flags=re.S)]
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_readme_shows_the_example_plugin_verbatim(name):
-    assert (EXAMPLE / name).read_text(encoding="utf-8") in readme_blocks(), (
-        f"README's 'Writing a rule' no longer shows tests/plugin_example/{name} as it is"
+def test_the_docs_show_the_example_plugin_verbatim(name):
+    assert (EXAMPLE / name).read_text(encoding="utf-8") in page_blocks(), (
+        f"docs/writing-a-rule.md no longer shows tests/plugin_example/{name} as it is"
     )
 
 

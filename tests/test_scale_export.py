@@ -1,4 +1,4 @@
-"""Beyond one machine (README "Scale"): the Hive-partitioned Parquet export is read by an
+"""Beyond one machine (docs/scale.md): the Hive-partitioned Parquet export is read by an
 existing distributed engine, Dask on a cluster of worker processes, and answers as the
 warehouse does."""
 

@@ -22,7 +22,7 @@ class FailedRunCost(Rule):
     Save checkpoints often and resume failed runs from them instead of restarting.
 
     References:
-    The "Writing a rule" section of the audit README.
+    The audit documentation, docs/writing-a-rule.md.
     """
 
     code = "FLR001"
