@@ -893,6 +893,16 @@ class WandbSource(RunFolderSource):
         )
         return ParsedUnit(run, rows_read=run.records, warnings=warnings)
 
+    def finish(self, con, summary) -> None:
+        super().finish(con, summary)
+        if self.record_class is None:
+            summary.warnings.insert(
+                0,
+                "wandb is not installed: read files/ only (config, summary, metadata); "
+                "install 'audit-waste[wandb]' to read the .wandb logs (history, system "
+                "metrics, exit status)",
+            )
+
     # -- from the log
     def _from_log(self, folder: Path, log: Path) -> ParsedRun:
         stat = log.stat()
@@ -1089,16 +1099,6 @@ def _history_file(path: Path, state: RunState, folder: Path) -> pl.DataFrame:
 def _head_hash(path: Path, length: int) -> str:
     with open(path, "rb") as f:
         return hashlib.sha1(f.read(length)).hexdigest()
-
-    def finish(self, con, summary) -> None:
-        super().finish(con, summary)
-        if self.record_class is None:
-            summary.warnings.insert(
-                0,
-                "wandb is not installed: read files/ only (config, summary, metadata); "
-                "install 'audit-waste[wandb]' to read the .wandb logs (history, system "
-                "metrics, exit status)",
-            )
 
 
 def import_wandb(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
