@@ -40,7 +40,7 @@ from audit.errors import InputError
 from audit.importers import numbers, record_log
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
-from audit.importers.read import MAX_LINE_VALUES, parse_json
+from audit.importers.read import MAX_LINE_VALUES, parse_json, value_bound
 from audit.importers.run_files import GPU_SAMPLE_SCHEMA, POINT_SCHEMA, ParsedRun, RunFolderSource
 from audit.importers.store_files import read_found_text
 from audit.walk import walk
@@ -146,10 +146,23 @@ def _check_header(path: Path) -> None:
 
 def _records(path: Path, end: record_log.LogEnd) -> Iterator[tuple[int, dict]]:
     """``(offset, record)`` of each complete record of a backup."""
+    size = path.lstat().st_size
+    if size < record_log.HEADER_SIZE:
+        # SwanLab buffers its writes: a run killed early leaves an empty backup
+        end.tail = f"truncated at byte {size} (no complete header: nothing of the log was written)"
+        return
     _check_header(path)
     for payload in record_log.read_log(path, HEADER, "a SwanLab backup", end=end):
         where = f"{path}: byte {end.record_at}"
-        record = parse_json(payload, where, MAX_LINE_VALUES)
+        if value_bound(payload) > MAX_LINE_VALUES:
+            raise InputError(
+                f"{where}: a record of up to {value_bound(payload):,} JSON values, more than "
+                f"the {MAX_LINE_VALUES:,} audit reads from one; refused before it fills memory"
+            )
+        try:
+            record = parse_json(payload, where, MAX_LINE_VALUES)
+        except InputError:  # not UTF-8, not JSON, nested too deep
+            raise InputError(f"{where}: a record that is not JSON ({payload[:40]!r})") from None
         if not (
             isinstance(record, dict)
             and isinstance(record.get("model_type"), str)
