@@ -18,8 +18,8 @@ nested keys joined with '.') -> params, ``_Group`` -> tag ``trackio.group``; num
 values -> metrics; GPU system metrics -> GPU samples of the run (trackio records no host
 name: host ``unknown``, origin ``trackio``).
 
-The user's store is never modified: it is opened with SQLite's ``mode=ro`` and read in one
-read transaction (a consistent view while a run is still writing). A file that is not an
+The user's store is never modified: a database is opened read-only (``read_only``) and read
+in one read transaction (a consistent view while a run is still writing). A file that is not an
 SQLite database, a damaged one or one locked by a writer is an ``InputError`` naming it;
 a database without trackio's ``metrics`` table is skipped with a note. Incremental: a run
 whose row counts and last row ids are as the last import saw them is not read again.
@@ -81,13 +81,21 @@ def find_databases(paths: list[Path]) -> list[Path]:
 
 @contextmanager
 def read_only(path: Path) -> Iterator[sqlite3.Connection]:
-    """``path`` opened read-only (``mode=ro``: SQLite writes nothing to the database, and
-    a damaged one is never repaired), inside one read transaction."""
+    """``path`` opened without writing to its folder, inside one read transaction.
+
+    A database with no ``-wal`` or ``-journal`` beside it has no writer and nothing to
+    recover (trackio removes its write-ahead log when its last connection closes): it is
+    opened ``immutable``, which creates no ``-wal``/``-shm`` file in the user's store (a
+    reader's ``mode=ro`` would, owned by whoever runs audit). Otherwise a run may be
+    writing: ``mode=ro`` reads through the log that is there, waits for a writer's lock up
+    to ``LOCK_WAIT_SECONDS``, and never writes the database or repairs a damaged one.
+    """
     require_found_file(path)
     with open(path, "rb") as f:
         if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
             raise InputError(f"{path}: byte 0: not an SQLite database (no 'SQLite format 3')")
-    uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+    live = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+    uri = f"file:{urllib.parse.quote(str(path))}?{'mode=ro' if live else 'immutable=1'}"
     try:
         con = sqlite3.connect(uri, uri=True, timeout=LOCK_WAIT_SECONDS)
     except sqlite3.Error as exc:
