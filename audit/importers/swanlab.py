@@ -187,7 +187,10 @@ def _fold(run: _Run, kind: str, data: dict, where: str) -> None:
         run.run_id = _text(data.get("id"))
         run.name = _text(data.get("name"))
         run.description = _text(data.get("description"))
-        run.labels = [str(t) for t in data.get("tags") or [] if isinstance(t, str | int)]
+        tags = data.get("tags")
+        run.labels = (
+            [str(t) for t in tags if isinstance(t, str | int)] if isinstance(tags, list) else []
+        )
     elif kind == "Runtime":
         # one record per file written: a later one names the files an earlier did not
         run.config_file = _text(data.get("config_filename")) or run.config_file
