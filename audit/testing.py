@@ -33,8 +33,8 @@ Times are hours after 2026-11-16T00:00 (Monday of ISO week 2026-W47) or ISO text
   ``host``, ``max_gpu_util_pct``, ``max_gpu_mem_bytes`` (sacct's per-job usage),
   ``admin_comment`` or ``jobstats`` (a jobstats summary, stored as ``JS1:`` + base64 gzip);
 - ``telemetry``: ``host``, ``start``, ``end``, ``gpus``, ``step_minutes``, ``util``
-  (per GPU index or ``default``), ``mem_mib``, ``origin`` (``nvidia-smi``; ``wandb`` or
-  ``mlflow``: a tracker's system metrics);
+  (per GPU index or ``default``), ``mem_mib``, ``origin`` (``nvidia-smi``), ``run_id``
+  (a tracker's system metrics of that run, with its ``origin``: ``wandb``, ``mlflow``);
 - ``checkpoints``: ``path``, ``step``, ``gb``, ``hour``, ``best``.
 
 A case may also give ``status`` (``ok``, ``skipped``, ``error``), ``reason`` (text the
@@ -253,6 +253,7 @@ def build_warehouse(path: Path, data: dict, config_text: str = "") -> tuple[Any,
                         "mem_total_mib": 81559.0,
                         "model": "NVIDIA H100 80GB HBM3",
                         "origin": spec.get("origin", "nvidia-smi"),
+                        "run_id": spec.get("run_id"),
                     }
                 )
             t += step

@@ -40,6 +40,7 @@ from audit.heap import long_lived
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
 from audit.warehouse.samples import (
     in_window,
+    logged_by_a_run,
     may_belong_to,
     resolutions_text,
     util_mean,
@@ -47,7 +48,6 @@ from audit.warehouse.samples import (
 )
 from audit.windows import Window, started_in
 
-TRACKER_ORIGINS = ("mlflow", "wandb")
 JOBSTATS_PREFIX = "JS1:"
 JOBSTATS_MAX_BYTES = 1_000_000  # a summary is a few KB; refuse to inflate anything larger
 
@@ -448,7 +448,7 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
             # tuples, not dicts: 100,000s of rows at L (their fields: KEY .. MODEL)
             per_gpu = con.execute(
                 f"""
-                SELECT w.key, list_contains(?, s.origin) AS tracker,
+                SELECT w.key, {logged_by_a_run("s")} AS tracker,
                        s.host, s.gpu, avg({util_mean("s")}) AS util, max(s.mem_used_mib) AS mem,
                        max(s.mem_total_mib) AS mem_total, count(*) AS samples,
                        any_value(s.model) AS model, max({util_peak("s")}) AS peak,
@@ -459,8 +459,7 @@ def gpu_usage(con, windows: list[dict], unsampled: bool = True) -> dict[str, Usa
                      AND {in_window("s", "w.lo", "w.hi")} AND {may_belong_to("s", "w.job_id")}
                 WHERE s.util_pct IS NOT NULL AND NOT isnan(s.util_pct)
                 GROUP BY ALL ORDER BY w.key, tracker DESC, s.host, s.gpu
-                """,
-                [list(TRACKER_ORIGINS)],
+                """
             ).fetchall()
         by_position: dict[int, dict[str, list[tuple]]] = {}
         for row in per_gpu:

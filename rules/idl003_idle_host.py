@@ -3,9 +3,8 @@ from __future__ import annotations
 import polars as pl
 
 from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
-from audit.usage import TRACKER_ORIGINS
 from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
-from audit.warehouse.samples import resolutions_by_host, util_peak
+from audit.warehouse.samples import logged_by_a_run, resolutions_by_host, util_peak
 from audit.warehouse.slices import partition_slices
 
 # Hosts are read in groups of at most this many samples. A host's idle stretches depend on
@@ -72,8 +71,7 @@ class IdleHost(Rule):
     def check(self, ctx: RuleContext):
         t = ctx.thresholds
         condition, params = ctx.window.condition("ts")
-        telemetry = f"({condition}) AND NOT list_contains(?, origin)"
-        params = [*params, list(TRACKER_ORIGINS)]
+        telemetry = f"({condition}) AND NOT {logged_by_a_run('gpu_samples')}"
         sizes = ctx.con.execute(
             f"SELECT host, count(*) FROM gpu_samples WHERE {telemetry} GROUP BY host ORDER BY host",
             params,

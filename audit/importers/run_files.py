@@ -1,8 +1,12 @@
-"""Runs read from files (W&B run folders, trainer logs, TensorBoard): the part they share.
+"""Runs read from files (W&B, SwanLab and trackio stores, trainer logs, TensorBoard): the
+part they share, and the protocol of a file-based tracker importer.
 
-A tracker module turns one run folder into a ``ParsedRun``; ``RunFolderSource`` (a
-``FileSource`` of the shared import loop) writes it into the same tables as MLflow runs,
-through the same run-batch writer, so every rule, search and report sees all trackers.
+A tracker module turns one unit (a run folder, or a file holding several runs) into
+``ParsedRun``s; ``RunFolderSource`` (a ``FileSource`` of the shared import loop) writes
+them into the same tables as MLflow runs, through the same run-batch writer, so every
+rule, search and report sees all trackers. A subclass declares its ``kind`` and its
+command (``command_help``, ``progress_label``, ``flags``); ``audit.importers.registry``
+lists it and ``audit ingest <kind>`` is generated from it (docs/writing-an-importer.md).
 
 - Source: the folder holding the run folders (a ``wandb/`` folder, a training output's
   parent, a TensorBoard log dir), ``source_id`` = hash of kind and that path. The same run
@@ -18,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import ClassVar
 
 import polars as pl
 
@@ -97,14 +102,39 @@ def source_id_of(kind: str, source_dir: Path) -> str:
     return stable_hash(kind, str(source_dir))[:12]
 
 
+@dataclass(frozen=True)
+class Flag:
+    """An on/off option of an importer's command (``--trust-file-times``), handed to the
+    source's constructor as the keyword of the same name (``trust_file_times``)."""
+
+    option: str
+    help: str
+
+    @property
+    def keyword(self) -> str:
+        return self.option.lstrip("-").replace("-", "_")
+
+
 class RunFolderSource(FileSource):
-    """The shared writer of tracker runs; subclasses implement ``units`` and ``parse``."""
+    """The shared writer of tracker runs; subclasses implement ``units`` and ``parse``.
+
+    ``parse`` returns a ``ParsedUnit`` whose payload is one ``ParsedRun`` (a run folder)
+    or a list of them (a store file holding many runs). Everything a subclass reads passes
+    the same gates on its way in: bounds (``parse_checked``), redaction and time checks
+    (``run_store``), the incremental state (``known_signature``, ``cursors``).
+    """
 
     unit = "run folder(s)"
     read_what = "records"
     skips_bad_units = True
+    # The generated ``audit ingest <kind>`` command: its help (click's text, with an
+    # "Example:" block), what its progress bar says, and its on/off options.
+    command_help: ClassVar[str]
+    progress_label: ClassVar[str]
+    flags: ClassVar[tuple[Flag, ...]] = ()
 
-    def __init__(self) -> None:
+    def __init__(self, skip_bad: bool = False) -> None:
+        self.skip_bad = skip_bad  # a source may import the good part of a damaged unit
         self.known: dict[tuple[str, str], str] = {}
         self.cursors: dict[str, dict] = {}
         self.changed: dict[str, list[str]] = {}
@@ -124,20 +154,25 @@ class RunFolderSource(FileSource):
         return self.known.get((source_id_of(self.kind, source_dir), run_id))
 
     def parse_checked(self, unit: Path) -> ParsedUnit:
-        """A run as parsed, held to the bounds every tracker's values keep to before any of
-        it is stored: run and point times in the years FIRST_YEAR-LAST_YEAR (else unknown,
+        """The runs of a unit as parsed, held to the bounds every tracker's values keep to
+        before any of it is stored: run and point times in the years FIRST_YEAR-LAST_YEAR (else unknown,
         with a warning: a start in year 1019 from a runtime of 3e10 s priced a week at
         millions), GPU samples within telemetry's valid ranges (else left out)."""
         parsed = self.parse(unit)
-        run: ParsedRun | None = parsed.payload
-        if run is None or run.unchanged:  # a file skipped with a note, or nothing new
-            return parsed
+        for run in runs_of(parsed):
+            self._check_bounds(unit, run, parsed.warnings)
+        return parsed
+
+    @staticmethod
+    def _check_bounds(unit: Path, run: ParsedRun, warnings: list[str]) -> None:
+        if run.unchanged:  # nothing new
+            return
         where = f"{unit}: run {run.run_id}"
         for name in ("start_ms", "end_ms"):
             ms = getattr(run, name)
             if ms is not None and numbers.plausible_ms(ms) is None:
                 setattr(run, name, None)
-                parsed.warnings.append(
+                warnings.append(
                     f"{where}: {name[:-3]}_time {_shown_ms(ms)} is outside the years "
                     f"{FIRST_YEAR}-{LAST_YEAR}; left unknown"
                 )
@@ -158,7 +193,7 @@ class RunFolderSource(FileSource):
                     ),
                 )
                 if frame_name == "points":
-                    parsed.warnings.append(
+                    warnings.append(
                         f"{where}: {count:,} metric points with a time outside the years "
                         f"{FIRST_YEAR}-{LAST_YEAR}; kept without a time"
                     )
@@ -170,13 +205,12 @@ class RunFolderSource(FileSource):
             )
             kept = samples.filter(valid)
             if kept.height < samples.height:
-                parsed.warnings.append(
+                warnings.append(
                     f"{where}: {samples.height - kept.height:,} GPU samples left out: a value "
                     "outside the ranges telemetry files are held to (NaN, infinite, negative, "
                     f"utilisation above 100 %) or a time outside {FIRST_YEAR}-{LAST_YEAR}"
                 )
                 run.gpu_samples = kept
-        return parsed
 
     def begin(self, con) -> None:
         # Read once, before any unit is parsed: parsers (in worker threads) look them up.
@@ -198,7 +232,9 @@ class RunFolderSource(FileSource):
         }
 
     def write(self, con, unit: Path, parsed) -> int:
-        run: ParsedRun = parsed.payload
+        return sum(self._write_run(con, unit, run) for run in runs_of(parsed))
+
+    def _write_run(self, con, unit: Path, run: ParsedRun) -> int:
         run.experiment = redact_text(run.experiment)  # its id and its name
         source_id = self.source_id(run)
         if source_id not in self.sources:
@@ -289,6 +325,14 @@ class RunFolderSource(FileSource):
             f"{c['unchanged']} unchanged: {c['params']:,} params, {c['tags']:,} tags, "
             f"{c['points']:,} metric points, {c['samples']:,} GPU samples"
         )
+
+
+def runs_of(parsed: ParsedUnit) -> list[ParsedRun]:
+    """The runs a unit held: none for a file skipped with a note."""
+    payload = parsed.payload
+    if payload is None:
+        return []
+    return payload if isinstance(payload, list) else [payload]
 
 
 class _RunQueue:

@@ -187,10 +187,18 @@ class TensorBoardSource(RunFolderSource):
     kind = "tensorboard"
     noun = "runs"
     read_what = "events"
+    progress_label = "importing TensorBoard runs"
+    command_help = """Import TensorBoard event files: every scalar, and hparams as params.
 
-    def __init__(self, skip_bad: bool = False) -> None:
-        super().__init__()
-        self.skip_bad = skip_bad  # a damaged record: import the events before it
+    PATH is a log dir, a run folder or an event file; each folder holding
+    events.out.tfevents.* files is one run. Read with TensorBoard's own loader (the
+    'audit-waste[tensorboard]' extra), all events, no sampling.
+
+    \b
+    Example:
+      pip install 'audit-waste[tensorboard]'
+      audit ingest tensorboard outputs/sft-qwen/runs
+    """
 
     def units(self, paths: list[Path]) -> list[Path]:
         return find_run_folders(paths)

@@ -45,7 +45,7 @@ from audit.importers import numbers
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
 from audit.importers.read import MAX_LINE_VALUES, jsonl_records, parse_json
-from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
+from audit.importers.run_files import POINT_SCHEMA, Flag, ParsedRun, RunFolderSource
 from audit.importers.store_files import read_found_file, read_found_text
 from audit.walk import walk
 from audit.warehouse.values import RUN_SECONDS_TAG, TIME_BASIS_TAG
@@ -157,9 +157,33 @@ class TrainerLogSource(RunFolderSource):
     kind = "trainer-logs"
     noun = "runs"
     read_what = "log entries"
+    progress_label = "importing trainer logs"
+    flags = (
+        Flag(
+            "--trust-file-times",
+            "Place runs in time by their files' modification times even when nothing "
+            "corroborates them (the folders were not copied).",
+        ),
+    )
+    command_help = """Import runs logged to no tracker: HF Trainer, LLaMA-Factory and verl files.
 
-    def __init__(self, trust_file_times: bool = False) -> None:
-        super().__init__()
+    PATH is a training output folder or any folder above them, or a log file. One run per
+    output folder, from the most complete trainer_state.json (its own or a checkpoint-N/
+    one) or LLaMA-Factory's trainer_log.jsonl with training_args.yaml and *_results.json;
+    one run per verl file-logger JSONL. training_args.bin is never unpickled.
+
+    The files hold durations but no clock: file modification times place a run only when
+    two of its files were written at different times (a copied folder has the copy's
+    times); otherwise its duration is kept and its points are placed by step.
+
+    \b
+    Example:
+      audit ingest trainer-logs /scratch/coder/saves
+      audit ingest trainer-logs outputs/grpo/metrics.jsonl
+    """
+
+    def __init__(self, skip_bad: bool = False, trust_file_times: bool = False) -> None:
+        super().__init__(skip_bad)
         self.trust_file_times = trust_file_times
 
     def units(self, paths: list[Path]) -> list[Path]:
@@ -532,4 +556,11 @@ def import_trainer_logs(
 ):
     from audit.importers.files import import_files
 
-    return import_files(wh, TrainerLogSource(trust_file_times), paths, config, skip_bad, progress)
+    return import_files(
+        wh,
+        TrainerLogSource(skip_bad, trust_file_times),
+        paths,
+        config,
+        skip_bad,
+        progress,
+    )

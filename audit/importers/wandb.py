@@ -1,8 +1,7 @@
 """W&B run folders (``wandb/run-*``, ``wandb/offline-run-*``) read from disk, no network.
 
 The complete record of a run is its transaction log ``run-<id>.wandb``: LevelDB-log
-framing (a 7-byte ``:W&B`` header, then 32 KiB blocks of records, each with a CRC-32 of
-its type and data, split into FULL or FIRST/MIDDLE/LAST fragments) around protobuf
+framing (``audit.importers.record_log``, behind a 7-byte ``:W&B`` header) around protobuf
 ``Record`` messages, parsed with the definitions the ``wandb`` package ships (the
 ``audit-waste[wandb]`` extra). Without it only ``files/`` is read (config, summary,
 metadata): new offline runs write nothing else there, so history, system metrics and the
@@ -39,10 +38,8 @@ import multiprocessing
 import os
 import re
 import signal
-import struct
 import sys
 import types
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -53,11 +50,12 @@ import polars as pl
 
 from audit import bounded_yaml
 from audit.errors import InputError
-from audit.importers import numbers
+from audit.importers import numbers, record_log
 from audit.importers.console import world_size
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
 from audit.importers.read import jsonl_records, parse_json
+from audit.importers.record_log import LogEnd
 from audit.importers.run_files import (
     GPU_SAMPLE_SCHEMA,
     POINT_SCHEMA,
@@ -65,19 +63,13 @@ from audit.importers.run_files import (
     RunFolderSource,
 )
 from audit.importers.run_store import latest_from_history
-from audit.importers.store_files import read_found_text, require_found_file
+from audit.importers.store_files import read_found_text
 from audit.redact import redact_arguments, redact_json_values, redact_tree, redact_user_id
 from audit.walk import walk
 from audit.warehouse.values import WORLD_SIZE_TAG
 
-HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
-BLOCK = 32768
-FRAGMENT_HEADER = 7
-FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
-_FRAGMENT = struct.Struct("<IHB")  # CRC-32 of type and data, data length, type
-_TYPE_CRC = {kind: zlib.crc32(bytes([kind])) for kind in (FULL, FIRST, MIDDLE, LAST)}
+HEADER = record_log.log_header(b":W&B", 0xBEE1, 0)
 MAX_FILES_BYTES = 64 << 20  # a files/ JSON or YAML file (config, summary, metadata)
-MAX_RECORD_BYTES = 64 * 1024 * 1024  # larger than any record wandb writes (its limit is 10 MB)
 _POINTS_PER_CHUNK = 250_000
 _RUN_FOLDER = re.compile(r"^(?:offline-)?run-(?:\d{8}_\d{6}-)?(?P<id>[A-Za-z0-9_-]+)$")
 _STATUS_BY_EXIT = {True: "FINISHED", False: "FAILED"}
@@ -122,128 +114,9 @@ def protobufs():
 
 
 # -- the log framing ------------------------------------------------------------------------
-@dataclass
-class LogEnd:
-    """How reading a log ended: where to go on from, and any damaged tail."""
-
-    resume_offset: int = len(HEADER)
-    record_at: int = len(HEADER)  # where the record last handed out began
-    tail: str | None = None  # 'truncated at byte N …' when the log ends inside a record
-
-
 def read_log(path: Path, start: int = len(HEADER), end: LogEnd | None = None) -> Iterator[bytes]:
-    """The payloads of the complete records of a W&B log, from byte ``start`` on.
-
-    ``end`` is filled in as reading goes: the offset after the last complete record, and
-    what was wrong with the tail if the file ends inside a record.
-    """
-    end = end if end is not None else LogEnd()
-    end.resume_offset = start
-    require_found_file(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if start == len(HEADER):
-            head = f.read(len(HEADER))
-            if head != HEADER:
-                shown = head[:4].decode("latin-1").encode("unicode_escape").decode()
-                raise InputError(
-                    f"{path}: byte 0: not a W&B transaction log (starts with {shown!r}, "
-                    f"expected ':W&B' and version 0)"
-                )
-        f.seek(start)
-        pos = start
-        parts: list[bytes] = []
-        record_start = pos
-        record_bytes = 0
-        stop = False
-        while pos < size and not stop:
-            # One read per 32 KiB block; its fragments are cut from memory.
-            base = pos
-            block = f.read(BLOCK - base % BLOCK)
-            n = len(block)
-            i = 0
-            while i < n:
-                at = base + i
-                room = BLOCK - at % BLOCK
-                if room < FRAGMENT_HEADER:  # block trailer: zero filler
-                    break
-                if i + FRAGMENT_HEADER > n:
-                    if block[i:].strip(b"\0"):
-                        end.tail = f"truncated at byte {at} (a record header cut short)"
-                    stop = True
-                    break
-                crc, length, kind = _FRAGMENT.unpack_from(block, i)
-                if kind == 0 and length == 0 and crc == 0:  # zero filler up to the next block
-                    break
-                problem = None
-                if kind not in (FULL, FIRST, MIDDLE, LAST):
-                    problem = f"unknown record type {kind}"
-                elif length > room - FRAGMENT_HEADER:
-                    problem = (
-                        f"a record claims {length} bytes, more than the "
-                        f"{room - FRAGMENT_HEADER} left in its 32 KiB block"
-                    )
-                elif i + FRAGMENT_HEADER + length > n:
-                    end.tail = f"truncated at byte {at} (a record of {length} bytes cut short)"
-                    stop = True
-                    break
-                else:
-                    data = block[i + FRAGMENT_HEADER : i + FRAGMENT_HEADER + length]
-                    if zlib.crc32(data, _TYPE_CRC[kind]) & 0xFFFFFFFF != crc:
-                        problem = "CRC mismatch"
-                if problem is not None:
-                    after = at + FRAGMENT_HEADER + (length if problem == "CRC mismatch" else 0)
-                    if _only_zeros_after(f, after, size):
-                        end.tail = f"damaged last record at byte {at} ({problem})"
-                        stop = True
-                        break
-                    raise InputError(
-                        f"{path}: byte {at}: {problem}, followed by more records: the log is "
-                        "damaged, not cut short"
-                    )
-                i += FRAGMENT_HEADER + length
-                if kind in (FULL, FIRST):
-                    if parts:
-                        raise InputError(
-                            f"{path}: byte {at}: a record starts inside the record "
-                            f"begun at byte {record_start}"
-                        )
-                    record_start, record_bytes = at, 0
-                elif not parts:
-                    raise InputError(f"{path}: byte {at}: a record continues one that never began")
-                record_bytes += length
-                if record_bytes > MAX_RECORD_BYTES:
-                    raise InputError(
-                        f"{path}: byte {record_start}: a record longer than "
-                        f"{MAX_RECORD_BYTES // 2**20} MiB; not a W&B log this tool can read"
-                    )
-                if kind == FULL:
-                    end.resume_offset, end.record_at = base + i, record_start
-                    yield data
-                elif kind == LAST:
-                    parts.append(data)
-                    payload = b"".join(parts)
-                    parts = []
-                    end.resume_offset, end.record_at = base + i, record_start
-                    yield payload
-                else:
-                    parts.append(data)
-            pos = base + n
-        if parts and end.tail is None:
-            end.tail = f"truncated at byte {record_start} (a record split over blocks cut short)"
-
-
-def _only_zeros_after(f, offset: int, size: int) -> bool:
-    f.seek(offset)
-    remaining = size - offset
-    while remaining > 0:
-        chunk = f.read(min(remaining, 1 << 20))
-        if not chunk:
-            break
-        if chunk.strip(b"\0"):
-            return False
-        remaining -= len(chunk)
-    return True
+    """The payloads of the complete records of a W&B log, from byte ``start`` on."""
+    return record_log.read_log(path, HEADER, "a W&B transaction log", start, end)
 
 
 # -- the run state, kept between imports ----------------------------------------------------
@@ -984,9 +857,25 @@ def _run_id_of(folder: Path) -> str:
 class WandbSource(RunFolderSource):
     kind = "wandb"
     noun = "runs"
+    progress_label = "importing W&B runs"
+    command_help = """Import W&B run folders from disk (offline or synced; no network, no API key).
 
-    def __init__(self) -> None:
-        super().__init__()
+    PATH is a wandb/ folder, a run folder (run-*/offline-run-*), a .wandb file, or any
+    folder above them. Reads each run's .wandb transaction log: config as params, history
+    as metrics, system metrics as GPU samples of the run, exit status. Needs the
+    'audit-waste[wandb]' extra; without it only files/ (config, summary, metadata) is read.
+    A log cut short imports what precedes the damage, with a warning; a re-import reads
+    only what a log gained since.
+
+    \b
+    Example:
+      pip install 'audit-waste[wandb]'
+      audit ingest wandb /scratch/agents/wandb
+      audit ingest wandb --skip-bad runs/*/wandb
+    """
+
+    def __init__(self, skip_bad: bool = False) -> None:
+        super().__init__(skip_bad)
         self.record_class = protobufs()
 
     def units(self, paths: list[Path]) -> list[Path]:
@@ -1003,6 +892,16 @@ class WandbSource(RunFolderSource):
             [f"{logs[0]}: {run.tags['audit.log_tail']}"] if "audit.log_tail" in run.tags else []
         )
         return ParsedUnit(run, rows_read=run.records, warnings=warnings)
+
+    def finish(self, con, summary) -> None:
+        super().finish(con, summary)
+        if self.record_class is None:
+            summary.warnings.insert(
+                0,
+                "wandb is not installed: read files/ only (config, summary, metadata); "
+                "install 'audit-waste[wandb]' to read the .wandb logs (history, system "
+                "metrics, exit status)",
+            )
 
     # -- from the log
     def _from_log(self, folder: Path, log: Path) -> ParsedRun:
@@ -1205,13 +1104,4 @@ def _head_hash(path: Path, length: int) -> str:
 def import_wandb(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
     from audit.importers.files import import_files
 
-    source = WandbSource()
-    summary = import_files(wh, source, paths, config, skip_bad, progress)
-    if source.record_class is None:
-        summary.warnings.insert(
-            0,
-            "wandb is not installed: read files/ only (config, summary, metadata); "
-            "install 'audit-waste[wandb]' to read the .wandb logs (history, system metrics, "
-            "exit status)",
-        )
-    return summary
+    return import_files(wh, WandbSource(skip_bad), paths, config, skip_bad, progress)

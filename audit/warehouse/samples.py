@@ -169,6 +169,13 @@ def in_window(alias: str, lo: str, hi: str) -> str:
     return f"{alias}.ts >= {lo} AND {alias}.ts < {hi}"
 
 
+def logged_by_a_run(alias: str) -> str:
+    """SQL: a sample a tracker logged for its run (MLflow's ``system/gpu_*``, W&B's, SwanLab's
+    or trackio's system metrics, any importer's): every run importer stores its samples with
+    their run, host telemetry never has one. It is a run's own evidence, never a host's."""
+    return f"{alias}.run_id IS NOT NULL"
+
+
 def may_belong_to(alias: str, job_id: str) -> str:
     """SQL: a sample of the job ``job_id`` (SQL) may be: one labelled with that job by its
     exporter (dcgm-exporter's ``hpc_job``, jobstats' ``jobid``), or an unlabelled one, which
