@@ -8,6 +8,7 @@ import click
 
 from audit.cli import AppContext, cli, pass_app
 from audit.progress import ProgressReporter
+from audit.text import counted
 from audit.text import terminal_safe as safe
 
 
@@ -80,9 +81,8 @@ def _report_skipped(summary) -> None:
     for message in summary.skipped[:20]:
         click.echo(f"skipped: {safe(message)}", err=True)
     if len(summary.skipped) > 20:
-        click.echo(
-            f"skipped: ... {len(summary.skipped) - 20} more {summary.skipped_what}", err=True
-        )
+        more = counted(len(summary.skipped) - 20, f"more {summary.skipped_what}")
+        click.echo(f"skipped: ... {more}", err=True)
 
 
 skip_bad_option = click.option(

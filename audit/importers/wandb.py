@@ -983,7 +983,7 @@ def _run_id_of(folder: Path) -> str:
 
 class WandbSource(RunFolderSource):
     kind = "wandb"
-    noun = "runs"
+    noun = "run"
 
     def __init__(self) -> None:
         super().__init__()
