@@ -19,7 +19,8 @@ from audit.text import terminal_safe as safe
 @click.option(
     "--baseline",
     metavar="RUN_ID",
-    help="Compare with this run (default: the audit.baseline=true run of the same base model).",
+    help="Compare with this run (default: the audit.baseline=true run of the same base model; "
+    "a unique prefix will do).",
 )
 @click.option(
     "--tolerance",
@@ -60,6 +61,7 @@ def gate_command(
     refused. Exit 2 when it cannot tell.
 
     Meant for training loops: call it every N steps with --refresh and stop on exit 1.
+    Run ids may be shortened to a unique prefix of at least 4 characters, as in git.
 
     \b
     Example:
