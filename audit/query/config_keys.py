@@ -4,23 +4,25 @@ A training config is often nested (``training: {learning_rate: …}``, ``lora: {
 while trackers log what the trainer flattened: the HF Trainer's callbacks log
 TrainingArguments flat (``learning_rate``), LLaMA-Factory's YAML is flat, TRL and axolotl
 name the LoRA rank ``lora_r``, LLaMA-Factory and verl ``lora_rank``, PEFT's LoraConfig
-``r``; verl's Hydra config is nested and W&B logs it so (``actor_rollout_ref.actor.optim.lr``,
-``model.lora_rank``). A query key is compared with, best first:
+``r``; verl's Hydra config is nested and W&B logs it so (``optim.lr``,
+``actor_rollout_ref.model.lora_rank``). A query key is compared with, best first:
 
 1. the logged key written the same;
 2. one spelled the same apart from case and the separators ``.``, ``-`` and ``_``
    (``lora.r`` is ``lora_r``, ``lora.rank`` is ``lora_rank``);
 3. one that names the same setting in another trainer (``SAME_SETTING``, and the
    configured [attribution] key lists: base model, dataset, method, teacher);
-4. for a nested query key, a flat logged key spelled as its tail, or naming the same
-   setting as it (``training.learning_rate`` is ``learning_rate``, ``lora.r`` also
-   ``r``); for a flat query key, a nested logged key whose tail it is
-   (``lora_rank`` is ``model.lora_rank``). A tail two keys of the query share
-   (``actor.lr``, ``critic.lr``), or two logged keys share, stands for neither. Two
-   nested keys with different heads (``model.path``, ``data.path``) never match.
+4. for a nested query key, a flat logged key spelled as one of its tails or naming the
+   same setting (``training.learning_rate`` is ``learning_rate``, ``lora.r`` also ``r``),
+   unless another key of the query has that tail (``actor.lr`` and ``critic.lr`` are
+   neither ``lr``); for a flat query key, the nested logged keys it is the tail of
+   (``lora_rank`` is ``model.lora_rank``). Two nested keys with different heads
+   (``model.path``, ``data.path``) never match.
 
-Each run is compared on the best of these it logged, so one query compares a TRL run on
-``lora_r`` and a LLaMA-Factory run on ``lora_rank``.
+Each run is compared on the best tier of these it logged, so one query compares a TRL run
+on ``lora_r`` and a LLaMA-Factory run on ``lora_rank``. The names of one tier are equally
+good: a run that logged several of them (verl's ``actor_rollout_ref.model.lora_rank`` and
+``critic.model.lora_rank`` for ``lora_rank``) matches when they agree.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-# Names several trainers give one setting (spelled as ``spelling`` gives them).
+# Names several trainers give one setting (compared as ``spelling`` gives them).
 SAME_SETTING: tuple[tuple[str, ...], ...] = (
     # HF TrainingArguments, TRL, LLaMA-Factory and axolotl; verl's optim.lr and PyTorch scripts
     ("learning_rate", "lr"),
@@ -41,8 +43,7 @@ SAME_SETTING: tuple[tuple[str, ...], ...] = (
     ("num_train_epochs", "num_epochs", "total_epochs"),
 )
 _SEPARATORS = re.compile(r"[.\-_\s]+")
-# Forms of a key: the whole key, then each shorter tail of its dotted parts.
-_MAX_PARTS = 32
+_MAX_PARTS = 32  # dotted parts of a key looked at
 
 
 def spelling(key: str) -> str:
@@ -59,19 +60,25 @@ def _tails(key: str) -> list[str]:
 
 @dataclass
 class KeyMatch:
-    """Each query key's logged counterparts, best first (a key with none is missing)."""
+    """Each query key's logged names in tiers, best first; a key with none is missing."""
 
-    candidates: dict[str, list[str]]  # query key -> logged keys, best first
+    tiers: dict[str, list[list[str]]]  # query key -> tiers of equally good logged keys
     missing: list[str]  # query keys no run logged under any of their names
     _by_spelling: dict[str, list[str]]
+
+    def names(self, key: str) -> list[str]:
+        """The logged keys ``key`` is compared with, best first."""
+        return [name for tier in self.tiers.get(key, []) for name in tier]
 
     def suggestions(self, key: str, n: int = 3) -> list[str]:
         """Logged keys spelled close to ``key`` or to its last part (difflib), closest
         first; none when nothing is close."""
+        known = list(self._by_spelling)
         close: list[str] = []
         for form in dict.fromkeys([spelling(key), spelling(key.rsplit(".", 1)[-1])]):
-            close += difflib.get_close_matches(form, list(self._by_spelling), n=n, cutoff=0.75)
-        return list(dict.fromkeys(k for form in close for k in sorted(self._by_spelling[form])))[:n]
+            close += difflib.get_close_matches(form, known, n=n, cutoff=0.75)
+        found = (k for form in close for k in sorted(self._by_spelling[form]))
+        return list(dict.fromkeys(found))[:n]
 
 
 def match_keys(
@@ -84,40 +91,46 @@ def match_keys(
         for name in spelled:
             groups.setdefault(name, set()).update(spelled)
 
-    def synonyms(form: str) -> list[str]:
-        return sorted(groups.get(form, set()) - {form})
+    def forms(name: str) -> list[str]:
+        """``name`` and the other names of its setting."""
+        return [name, *sorted(groups.get(name, set()) - {name})]
 
     by_spelling: dict[str, list[str]] = {}
-    by_tail: dict[str, set[str]] = {}
-    for key in logged:
+    by_tail: dict[str, list[str]] = {}
+    for key in sorted(logged):
         by_spelling.setdefault(spelling(key), []).append(key)
         for tail in _tails(key):
-            by_tail.setdefault(tail, set()).add(key)
-    query_tails: dict[str, int] = {}
+            by_tail.setdefault(tail, []).append(key)
+    shared_tails: dict[str, int] = {}
     for key in wanted:
         for tail in set(_tails(key)):
-            query_tails[tail] = query_tails.get(tail, 0) + 1
+            shared_tails[tail] = shared_tails.get(tail, 0) + 1
     present = set(logged)
 
-    candidates: dict[str, list[str]] = {}
+    tiers: dict[str, list[list[str]]] = {}
     missing: list[str] = []
     for key in wanted:
-        ranked: list[str] = [key] if key in present else []
+        found: list[list[str]] = [[key]] if key in present else []
         spelled = spelling(key)
-        for name in (spelled, *synonyms(spelled)):
-            ranked += sorted(by_spelling.get(name, []))
-        if "." in key:  # a nested query key: flat logged keys spelled as a tail of it
-            for tail in _tails(key):
-                if query_tails[tail] == 1:
-                    for name in (tail, *synonyms(tail)):
-                        ranked += sorted(k for k in by_spelling.get(name, []) if "." not in k)
-        else:  # a flat query key: the one nested logged key it is the tail of
-            for name in (spelled, *synonyms(spelled)):
-                owners = by_tail.get(name, set())
-                if len(owners) == 1:
-                    ranked += sorted(owners)
-        if ranked:
-            candidates[key] = list(dict.fromkeys(ranked))
+        found += [by_spelling.get(name, []) for name in forms(spelled)]
+        if "." in key:
+            found += [
+                [k for k in by_spelling.get(name, []) if "." not in k]
+                for tail in _tails(key)
+                if shared_tails[tail] == 1
+                for name in forms(tail)
+            ]
+        else:
+            found += [by_tail.get(name, []) for name in forms(spelled)]
+        seen: set[str] = set()
+        kept = []
+        for tier in found:
+            tier = [k for k in tier if k not in seen]
+            seen.update(tier)
+            if tier:
+                kept.append(tier)
+        if kept:
+            tiers[key] = kept
         else:
             missing.append(key)
-    return KeyMatch(candidates, missing, by_spelling)
+    return KeyMatch(tiers, missing, by_spelling)

@@ -311,15 +311,16 @@ class Registry:
                     schema={"key": pl.String, "norm": pl.String, "raw": pl.String},
                 ),
             )
-            pairs = [
+            names = [
                 (key, logged_key, rank)
-                for key, found in matched.candidates.items()
-                for rank, logged_key in enumerate(found)
+                for key, tiers in matched.tiers.items()
+                for rank, tier in enumerate(tiers)
+                for logged_key in tier
             ]
             wh.con.register(
                 "audit_names",
                 pl.DataFrame(
-                    pairs,
+                    names,
                     schema={"key": pl.String, "logged_key": pl.String, "rank": pl.Int32},
                     orient="row",
                 ),
@@ -331,12 +332,19 @@ class Registry:
                         SELECT r.source_id, r.run_id, r.name AS run_name, r.status, r.start_time FROM runs r
                         WHERE r.lifecycle_stage = 'active' AND (? IS NULL OR r.run_id <> ?)
                     ),
-                    logged AS (  -- each query key's best name the run logged
-                        SELECT p.source_id, p.run_id, n.key, arg_min(p.key, n.rank) AS logged_as,
-                               arg_min(p.value, n.rank) AS found, arg_min(p.value_norm, n.rank) AS found_norm
+                    best AS (  -- the params of each query key's best tier of names a run logged
+                        SELECT p.source_id, p.run_id, n.key, p.key AS name, p.value, p.value_norm
                         FROM params p JOIN audit_names n ON n.logged_key = p.key
                         JOIN candidates c USING (source_id, run_id)
-                        GROUP BY ALL
+                        QUALIFY n.rank = min(n.rank) OVER (PARTITION BY p.source_id, p.run_id, n.key)
+                    ),
+                    logged AS (  -- several names of one tier stand for the key when they agree
+                        SELECT source_id, run_id, key,
+                               string_agg(name, ', ' ORDER BY name) AS logged_as,
+                               CASE WHEN count(DISTINCT value_norm) = 1 THEN min(value)
+                                    ELSE string_agg(value, ', ' ORDER BY name) END AS found,
+                               CASE WHEN count(DISTINCT value_norm) = 1 THEN min(value_norm) END AS found_norm
+                        FROM best GROUP BY ALL
                     ),
                     compared AS (
                         SELECT c.source_id, c.run_id, q.key, q.raw AS wanted, l.found, l.logged_as,
@@ -381,7 +389,7 @@ class Registry:
             query=query,
             exact=exact,
             neighbours=neighbours,
-            compared_as={k: v for k, v in matched.candidates.items() if v != [k]},
+            compared_as={k: matched.names(k) for k in matched.tiers if matched.names(k) != [k]},
             missing=missing,
         )
 
