@@ -293,6 +293,21 @@ def test_checkpoint_import_says_folders_and_checkpoints(tmp_path, run_cli):
     assert out.startswith("imported 3 checkpoints from 2 root folders (3 checkpoints found) in ")
 
 
+ONE_T4 = SHARED / "nvidia-smi" / "query-gpu-1xT4-NA.csv"
+
+
+@pytest.mark.skipif(not ONE_T4.is_file(), reason=f"{ONE_T4} not present")
+def test_status_counts_one_host_and_one_gpu(tmp_path, run_cli):
+    db = str(tmp_path / "w.duckdb")
+    code, out, err = run_cli("--db", db, "ingest", "gpu", str(ONE_T4), "--host", "t4")
+    assert code == 0, err
+    samples = len(ONE_T4.read_text().splitlines()) - 1
+    assert out.startswith(f"imported {counted(samples, 'GPU sample')} from 1 file (")
+    code, out, err = run_cli("--db", db, "status")
+    assert code == 0, err
+    assert f"GPU samples {samples:,} from 1 host / 1 GPU, " in out
+
+
 def test_compare_says_the_params_are_identical(tmp_path, run_cli):
     """Two runs logged with the same params: there is nothing that differs, which is not
     'no runs match'."""
