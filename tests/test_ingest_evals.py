@@ -555,7 +555,7 @@ def test_settings_values_and_times_as_recorded(tmp_path, run_cli):
     db = tmp_path / "w.duckdb"
     code, _, err = run_cli("--db", str(db), "ingest", "evals", str(path))
     assert code == 0, err
-    assert "3 values that are no finite number (NaN, inf, N/A) were left out" in err
+    assert "3 values left out: no finite number (NaN, inf, N/A)" in err
     assert rows(db, "SELECT metric, filter, value, stderr, higher_is_better, n_shot, "
                 "limit_n, samples, task_version FROM eval_results") == [
         ("acc", "none", 0.5, 0.01, True, None, 0.25, 2376, "1.0")

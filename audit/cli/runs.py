@@ -344,6 +344,5 @@ def export_command(app: AppContext, folder) -> None:
       audit export --parquet /data/audit-export
     """
     counts = _registry(app).export_parquet(folder)
-    click.echo(
-        f"exported {sum(counts.values()):,} rows from {sum(1 for n in counts.values() if n)} tables to {folder}"
-    )
+    rows, tables = sum(counts.values()), sum(1 for n in counts.values() if n)
+    click.echo(f"exported {counted(rows, 'row')} from {counted(tables, 'table')} to {folder}")

@@ -203,7 +203,7 @@ class GpuSource(FileSource):
         )
         summary.warnings.extend(mixed_models(con, sorted(self.touched)))
         summary.warnings.extend(
-            f"{samples:,} samples of host {host} were not imported: the same host, GPU and "
+            f"{counted(samples, 'sample')} of host {host} not imported: the same host, GPU and "
             f"times are stored already from a {stored} and these are from a {incoming} (two "
             "machines' telemetry under one host name?); re-import with --host NAME"
             for host, stored, incoming, samples in self.batch.conflicts

@@ -168,8 +168,8 @@ class EvalSource(RunFolderSource):
         parsed = ParsedUnit(run, rows_read=run.results.height, warnings=evaluation.warnings)
         if evaluation.left_out:
             parsed.notes.append(
-                f"{unit}: {evaluation.left_out} values that are no finite number "
-                "(NaN, inf, N/A) were left out"
+                f"{unit}: {counted(evaluation.left_out, 'value')} left out: no finite number "
+                "(NaN, inf, N/A)"
             )
         if not run.results.height:
             parsed.warnings.append(f"{unit}: no numeric result in it")
