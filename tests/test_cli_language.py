@@ -181,6 +181,15 @@ def test_a_key_no_run_logged_is_named_and_the_rest_still_compared(demo, run_cli,
     ]
 
 
+def test_a_query_of_volatile_keys_only_is_refused(demo, run_cli, tmp_path):
+    """It answered 'exact matches: 0' for a config of nothing but where to write."""
+    path = tmp_path / "train.yaml"
+    path.write_text("training:\n  output_dir: /elsewhere\n  logging_dir: /logs\n")
+    code, _out, err = run_cli(*demo, "runs", "similar", "--config", str(path))
+    assert code == 2
+    assert err.startswith("Error: nothing to compare: every key given is volatile")
+
+
 @pytest.mark.skipif(not VERL.is_dir(), reason=f"{VERL} not present")
 def test_flat_keys_find_verl_runs_logged_nested(tmp_path, run_cli):
     """verl's SFT trainer logs model.lora_rank, optim.lr and trainer.total_epochs to W&B;

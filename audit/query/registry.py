@@ -286,6 +286,11 @@ class Registry:
             query = {
                 k: v for k, v in query.items() if k not in skip and k.rsplit(".", 1)[-1] not in skip
             }
+            if not query:
+                raise InputError(
+                    "nothing to compare: every key given is volatile ([attribution] "
+                    "volatile_params) or left out with --ignore"
+                )
             logged = [
                 r[0]
                 for r in wh.con.execute(
@@ -311,8 +316,10 @@ class Registry:
                     schema={"key": pl.String, "norm": pl.String, "raw": pl.String},
                 ),
             )
+            # one row per query key and logged name; only a key with several names needs
+            # a run's best tier found (most keys have one: the query's own)
             names = [
-                (key, logged_key, rank)
+                (key, logged_key, rank, len(matched.names(key)) > 1)
                 for key, tiers in matched.tiers.items()
                 for rank, tier in enumerate(tiers)
                 for logged_key in tier
@@ -321,7 +328,12 @@ class Registry:
                 "audit_names",
                 pl.DataFrame(
                     names,
-                    schema={"key": pl.String, "logged_key": pl.String, "rank": pl.Int32},
+                    schema={
+                        "key": pl.String,
+                        "logged_key": pl.String,
+                        "rank": pl.Int32,
+                        "several": pl.Boolean,
+                    },
                     orient="row",
                 ),
             )
@@ -332,19 +344,30 @@ class Registry:
                         SELECT r.source_id, r.run_id, r.name AS run_name, r.status, r.start_time FROM runs r
                         WHERE r.lifecycle_stage = 'active' AND (? IS NULL OR r.run_id <> ?)
                     ),
-                    best AS (  -- the params of each query key's best tier of names a run logged
-                        SELECT p.source_id, p.run_id, n.key, p.key AS name, p.value, p.value_norm
-                        FROM params p JOIN audit_names n ON n.logged_key = p.key
+                    named AS (  -- a key's params under its only name
+                        SELECT p.source_id, p.run_id, n.key, p.key AS logged_as, p.value AS found,
+                               p.value_norm AS found_norm
+                        FROM params p JOIN audit_names n ON n.logged_key = p.key AND NOT n.several
                         JOIN candidates c USING (source_id, run_id)
-                        QUALIFY n.rank = min(n.rank) OVER (PARTITION BY p.source_id, p.run_id, n.key)
                     ),
-                    logged AS (  -- several names of one tier stand for the key when they agree
-                        SELECT source_id, run_id, key,
-                               string_agg(name, ', ' ORDER BY name) AS logged_as,
-                               CASE WHEN count(DISTINCT value_norm) = 1 THEN min(value)
-                                    ELSE string_agg(value, ', ' ORDER BY name) END AS found,
-                               CASE WHEN count(DISTINCT value_norm) = 1 THEN min(value_norm) END AS found_norm
-                        FROM best GROUP BY ALL
+                    tiers AS (  -- the names of one tier a run logged stand for the key when they agree
+                        SELECT p.source_id, p.run_id, n.key, n.rank,
+                               {'logged_as': string_agg(p.key, ', ' ORDER BY p.key),
+                                'found': CASE WHEN count(DISTINCT p.value_norm) = 1 THEN min(p.value)
+                                              ELSE string_agg(p.value, ', ' ORDER BY p.key) END,
+                                'found_norm': CASE WHEN count(DISTINCT p.value_norm) = 1
+                                                   THEN min(p.value_norm) END} AS named
+                        FROM params p JOIN audit_names n ON n.logged_key = p.key AND n.several
+                        JOIN candidates c USING (source_id, run_id)
+                        GROUP BY ALL
+                    ),
+                    logged AS (  -- each query key's best tier a run logged
+                        SELECT * FROM named
+                        UNION ALL BY NAME
+                        SELECT source_id, run_id, key, unnest(best) FROM (
+                            SELECT source_id, run_id, key, arg_min(named, rank) AS best
+                            FROM tiers GROUP BY source_id, run_id, key
+                        )
                     ),
                     compared AS (
                         SELECT c.source_id, c.run_id, q.key, q.raw AS wanted, l.found, l.logged_as,
