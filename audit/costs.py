@@ -43,6 +43,7 @@ from datetime import datetime
 from audit.config import Config
 from audit.facts.prices import Prices, card_of
 from audit.heap import long_lived
+from audit.text import counted
 from audit.warehouse.values import RUN_SECONDS_TAG, WORLD_SIZE_TAG
 from audit.windows import Window, started_in
 
@@ -128,13 +129,13 @@ class Cost:
     def basis(self) -> str:
         duration = f"{self.hours:.2f} h" if self.hours is not None else "an unknown duration"
         if self.rung == "slurm":
-            return f"{self.source}: {_count(self.gpus)} GPUs × {duration} elapsed"
+            return f"{self.source}: {_gpus(self.gpus)} × {duration} elapsed"
         if self.rung == "unknown":
             if self.hours is None:
                 return "GPU count and duration unknown"
             return f"GPU count unknown: {self.hours:.2f} run-hours"
         verb = "assumed" if self.rung == "default" else "estimated"
-        return f"{verb}: {_count(self.gpus)} GPUs from {self.source} × {duration} wall clock"
+        return f"{verb}: {_gpus(self.gpus)} from {self.source} × {duration} wall clock"
 
     def part(self, hours: float) -> tuple[float | None, float | None]:
         """GPU-hours and dollars of ``hours`` of this allocation (None when GPUs unknown)."""
@@ -150,8 +151,8 @@ class Cost:
         return money(gpu_hours, self.price, self.price_key)
 
 
-def _count(value: float | None) -> str:
-    return "?" if value is None else f"{value:g}"
+def _gpus(value: float | None) -> str:
+    return "? GPUs" if value is None else counted(value, "GPU")
 
 
 @dataclass(slots=True)

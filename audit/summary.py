@@ -16,6 +16,7 @@ from audit.materiality import summed_lines
 from audit.rule_api import Finding
 from audit.rule_registry import all_rules, families
 from audit.scans import ScanResult
+from audit.text import counted
 
 ACTIONS = 10  # the ranked actions a report leads with
 
@@ -137,7 +138,7 @@ def headline(findings: list[Finding], spend: dict) -> dict:
             "findings": len(inside),
             "share_pct": share,
             "formula": (
-                f"Σ waste of the {len(inside)} findings about those jobs and runs = "
+                f"Σ waste of the {counted(len(inside), 'finding')} about those jobs and runs = "
                 f"${wasted:,.2f}"
                 + (f"; ${wasted:,.2f} / ${spent:,.2f} spent = {share} %" if spent else "")
             ),
@@ -147,7 +148,7 @@ def headline(findings: list[Finding], spend: dict) -> dict:
             "gpu_hours": idle_hours,
             "findings": len(capacity),
             "formula": (
-                f"Σ idle GPU-hours of {len(capacity)} idle-host findings (GPUs at idle with no "
+                f"Σ idle GPU-hours of {counted(len(capacity), 'idle-host finding')} (GPUs at idle with no "
                 f"job) = {idle_hours:,.2f} GPU-h, ${idle_usd:,.2f}; paid for outside every "
                 "job, so not in the spend above"
             ),
@@ -157,7 +158,7 @@ def headline(findings: list[Finding], spend: dict) -> dict:
             "usd_per_month": monthly,
             "findings": len(storage),
             "formula": (
-                f"Σ reclaimable bytes of {len(storage)} checkpoint findings = {gb:,.1f} GB, "
+                f"Σ reclaimable bytes of {counted(len(storage), 'checkpoint finding')} = {gb:,.1f} GB, "
                 f"${monthly:,.2f} per month; storage, not GPU spend"
             ),
         },

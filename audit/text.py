@@ -34,3 +34,13 @@ def markdown_text(value: object) -> str:
 def _visible(match: re.Match) -> str:
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def counted(number: float, one: str, many: str | None = None) -> str:
+    """``number`` with its noun in the right number: 1 file, 2 files, 1 log entry, 3 log
+    entries (``many`` for a plural no English rule gives). Integers are shown with
+    thousands separators."""
+    if many is None:
+        many = one[:-1] + "ies" if one.endswith("y") and one[-2:-1] not in "aeiou" else one + "s"
+    shown = f"{number:,}" if isinstance(number, int) else f"{number:g}"
+    return f"{shown} {one if number == 1 else many}"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from audit.facts.checkpoints import gb, storage_formula
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.text import counted
 
 from ._shared import checkpoint_rows
 
@@ -86,7 +87,7 @@ class CheckpointsBeyondRetention(Rule):
                 message=(
                     f"run {run['run_name']!r} keeps {len(checkpoints)} checkpoints; {len(reclaimable)} "
                     f"({gb(total):,.1f} GB) are neither best, last nor registered"
-                    + (f" nor among {keep} milestones" if keep else "")
+                    + (f" nor among the {counted(keep, 'milestone')} kept" if keep else "")
                     + f" (threshold {ctx.thresholds['min_reclaimable_gb']:g} GB)"
                 ),
                 evidence={

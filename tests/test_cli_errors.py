@@ -183,4 +183,4 @@ def test_a_command_imports_only_its_own_module():
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout.splitlines()
-    assert out == ["['audit.cli.ingest']", "True"]
+    assert out == ["['audit.cli.ingest', 'audit.cli.options']", "True"]

@@ -195,8 +195,8 @@ def test_runs_compare_takes_unique_prefixes(demo_db, tmp_path, run_cli):
     code, _out, err = run_cli("--db", str(twins), "runs", "compare", "5a7b", "9339")
     assert code == 2
     assert (
-        "run id prefix '5a7b' is ambiguous: it starts 5a7b0000, 5a7bde3db006447fb77bc3295fc96c7f; "
-        "give more characters" in err
+        "run id prefix '5a7b' is ambiguous: it starts 5a7b0000 (twin), "
+        "5a7bde3db006447fb77bc3295fc96c7f (sft-qwen-lr2e-5); give more characters" in err
     )
 
 

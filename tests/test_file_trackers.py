@@ -172,7 +172,7 @@ def test_a_grown_log_adds_only_its_new_records(tmp_path, run_cli):
     half = rows(db, "SELECT count(*) FROM metrics")[0][0]
     log.write_bytes(full)
     code, out, err = run_cli("--db", str(db), "ingest", "wandb", str(folder))
-    assert code == 0 and "imported 1 new or changed runs" in out and not err
+    assert code == 0 and "imported 1 new or changed run" in out and not err
     once = tmp_path / "once.duckdb"
     assert run_cli("--db", str(once), "ingest", "wandb", str(folder))[0] == 0
     for sql in (
@@ -427,7 +427,7 @@ def test_skip_bad_imports_the_good_runs_and_lists_the_bad(tmp_path, run_cli):
         "--db", str(db), "ingest", "wandb", "--skip-bad", str(tmp_path / "wandb")
     )
     assert code == 0
-    assert "skipped 1 bad run folders" in out
+    assert "skipped 1 bad run folder) in " in out
     assert "skipped:" in err and "run-bad.wandb: byte 0" in err
     assert rows(db, "SELECT run_id, status FROM runs") == [("good", "FINISHED")]
 
@@ -555,7 +555,7 @@ def test_tensorboard_runs_written_by_a_real_writer(tmp_path, run_cli):
     db = tmp_path / "a.duckdb"
     code, out, err = run_cli("--db", str(db), "ingest", "tensorboard", str(tmp_path / "logs"))
     assert code == 0, err
-    assert "imported 1 new or changed runs" in out
+    assert "imported 1 new or changed run" in out
     loss = rows(db, "SELECT step, value FROM metrics WHERE key = 'train/loss' ORDER BY step")
     assert loss == [(s, pytest.approx(1.0 / (s + 1), rel=1e-6)) for s in range(0, 3000, 3)]
     assert dict(rows(db, "SELECT key, value FROM params")) == {

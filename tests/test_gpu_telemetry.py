@@ -154,9 +154,7 @@ def test_skip_bad_keeps_good_rows(tmp_path, run_cli):
     assert code == 2 and f"{path}:3:" in err
     code, out, err = run_cli("--db", str(db), "ingest", "gpu", "--skip-bad", str(path))
     assert code == 0
-    assert out.startswith(
-        "imported 2 GPU samples from 1 file(s) (3 lines read, skipped 1 bad lines)"
-    )
+    assert out.startswith("imported 2 GPU samples from 1 file (3 lines read, skipped 1 bad line)")
     assert f"skipped: {path}:3: expected 3 comma-separated values, found 2" in err
 
 

@@ -414,7 +414,7 @@ def test_a_copy_is_the_same_run(tmp_path, run_cli):
     (copies / "renamed.json").write_bytes(original.read_bytes())
     code, out, err = run_cli("--db", str(db), "ingest", "evals", str(original), str(copies))
     assert code == 0, err
-    assert "imported 1 new evaluation runs, 1 unchanged" in out
+    assert "imported 1 new evaluation run, 1 unchanged" in out
     assert f"{copies / 'renamed.json'}: the same bytes as {original}" in err
     code, out, err = run_cli("--db", str(db), "ingest", "evals", str(copies))
     assert code == 0 and "imported 0 new evaluation runs, 1 unchanged" in out
@@ -512,7 +512,7 @@ def test_other_files_in_a_folder_are_skipped_with_a_note_and_refused_when_named(
     assert f"note: {config}: no 'results' object" in err
     assert f"note: {listed}: the JSON is a list" in err
     assert f"note: {table}: a CSV file" in err
-    assert "imported 1 new evaluation runs" in out
+    assert "imported 1 new evaluation run" in out
     for named in (config, listed, table):
         code, _, err = run_cli("--db", str(db), "ingest", "evals", str(named))
         assert code == 2 and f"{named}: " in err
@@ -555,7 +555,7 @@ def test_settings_values_and_times_as_recorded(tmp_path, run_cli):
     db = tmp_path / "w.duckdb"
     code, _, err = run_cli("--db", str(db), "ingest", "evals", str(path))
     assert code == 0, err
-    assert "3 values that are no finite number (NaN, inf, N/A) were left out" in err
+    assert "3 values left out: no finite number (NaN, inf, N/A)" in err
     assert rows(db, "SELECT metric, filter, value, stderr, higher_is_better, n_shot, "
                 "limit_n, samples, task_version FROM eval_results") == [
         ("acc", "none", 0.5, 0.01, True, None, 0.25, 2376, "1.0")
@@ -621,7 +621,7 @@ def test_a_new_file_of_a_rerun_is_a_new_run_and_an_unchanged_one_is_not_read_aga
     before = counts(db)
     write_results(folder / "results_2.json", results_document(acc=0.6))
     code, out, _ = run_cli("--db", str(db), "ingest", "evals", str(folder))
-    assert code == 0 and "imported 1 new evaluation runs, 1 unchanged" in out
+    assert code == 0 and "imported 1 new evaluation run, 1 unchanged" in out
     after = counts(db)
     assert after["runs"] == before["runs"] + 1
     assert after["eval_results"] == before["eval_results"] + 1

@@ -419,8 +419,8 @@ def test_an_unreadable_subfolder_is_skipped_and_named():
         shutil.rmtree(work, ignore_errors=True)
     assert result.returncode == 0, result.stderr
     assert f"skipped: {locked}: cannot list (Permission denied)" in result.stderr
-    assert result.stdout.startswith("imported 1 checkpoints")
-    assert "skipped 1 unreadable entries" in result.stdout
+    assert result.stdout.startswith("imported 1 checkpoint from 1 root folder")
+    assert "skipped 1 unreadable entry)" in result.stdout
 
 
 # -- real data ---------------------------------------------------------------------------------

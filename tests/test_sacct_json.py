@@ -105,7 +105,7 @@ def parsable_warehouse(tmp_path, run_cli, berlin):
         str(PARSABLE),
     )
     assert code == 0, err
-    assert out.startswith("imported 8 jobs from 1 file(s) (13 lines read)")
+    assert out.startswith("imported 8 jobs from 1 file (13 lines read)")
     return warehouse(db)
 
 
@@ -120,7 +120,7 @@ def test_json_and_parsable_give_the_same_warehouse(
         "--db", str(db), "--config", str(berlin), "ingest", "slurm", "--cluster", "hpc", str(path)
     )
     assert code == 0, err
-    assert out.startswith("imported 8 jobs from 1 file(s)")
+    assert out.startswith("imported 8 jobs from 1 file")
     jobs, nodes = warehouse(db)
     expected_jobs, expected_nodes = parsable_warehouse
     assert nodes == expected_nodes

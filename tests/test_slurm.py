@@ -61,7 +61,7 @@ def test_real_headerless_file(run_cli, tmp_path):
         "--db", str(db), "ingest", "slurm", "--fields", REAL_FIELDS, "--delimiter", "☃", str(REAL)
     )
     assert code == 0, err
-    assert out == "imported 100 jobs from 1 file(s) (242 lines read) in " + out.split(" in ")[1]
+    assert out == "imported 100 jobs from 1 file (242 lines read) in " + out.split(" in ")[1]
     expected_jobs, expected_util = independent_gpu_jobs(REAL)
     con = duckdb.connect(str(db), read_only=True)
     got = {
@@ -216,7 +216,7 @@ def test_bad_line_names_file_and_line_and_writes_nothing(tmp_path, run_cli):
     assert not db.exists()  # a refused first import leaves no warehouse
     code, out, err = run_cli("--db", str(db), "ingest", "slurm", "--skip-bad", str(path))
     assert code == 0
-    assert out.startswith("imported 3 jobs from 1 file(s) (6 lines read, skipped 1 bad lines)")
+    assert out.startswith("imported 3 jobs from 1 file (6 lines read, skipped 1 bad line)")
     assert err.startswith(f"skipped: {path}:4: Submit:")
 
 
@@ -351,6 +351,53 @@ def test_repeated_dst_hour_is_read_so_durations_agree(
     assert got == [(seconds, start_utc, end_utc)]
 
 
+@pytest.mark.skipif(not REAL.exists(), reason=f"{REAL} not present")
+def test_jobs_without_a_start_are_counted_in_a_warning(run_cli, tmp_path):
+    """The real file's pending jobs, and those cancelled or failed before they started,
+    have Start Unknown or None: they imported silently, out of every dated scan."""
+    unstarted: dict[str, int] = {}
+    for line in REAL.read_text(encoding="utf-8").splitlines():
+        f = line.split("☃")
+        if "." not in f[0] and f[10] in ("Unknown", "None", ""):
+            state = f[8].split(" ")[0]
+            unstarted[state] = unstarted.get(state, 0) + 1
+    by_state = ", ".join(
+        f"{n} {state}" for state, n in sorted(unstarted.items(), key=lambda i: (-i[1], i[0]))
+    )
+    code, _out, err = run_cli(
+        "--db",
+        str(tmp_path / "w.duckdb"),
+        "ingest",
+        "slurm",
+        "--fields",
+        REAL_FIELDS,
+        "--delimiter",
+        "☃",
+        str(REAL),
+    )
+    assert code == 0, err
+    assert sum(unstarted.values()) == 10
+    assert err == (
+        f"warning: 10 jobs with no start time ({by_state}): left out of every scan or report "
+        "of a time window\n"
+    )
+
+
+def test_a_started_job_without_end_or_elapsed_time_is_counted_in_a_warning(run_cli, tmp_path):
+    path = tmp_path / "running.sacct"
+    path.write_text(
+        "JobID|State|Start|End|AllocTRES\n"
+        "21|RUNNING|2026-11-16T10:00:00|Unknown|gres/gpu=4\n"
+        "22|COMPLETED|2026-11-16T10:00:00|2026-11-16T11:00:00|gres/gpu=4\n"
+    )
+    code, out, err = run_cli("--db", str(tmp_path / "w.duckdb"), "ingest", "slurm", str(path))
+    assert code == 0, err
+    assert out.startswith("imported 2 jobs from 1 file (2 lines read)")
+    assert err == (
+        "warning: 1 job with a start but no end or elapsed time (1 RUNNING): GPU-hours unknown\n"
+    )
+
+
 OLDER = "JobID|State|Start|End|ElapsedRaw|AllocTRES|NodeList\n11|RUNNING|2026-11-16T10:00:00|Unknown|600|gres/gpu=4|n1\n"
 NEWER = "JobID|State|Start|End|ElapsedRaw|AllocTRES|NodeList\n11|COMPLETED|2026-11-16T10:00:00|2026-11-16T12:00:00|7200|gres/gpu=4|n1\n"
 
@@ -390,8 +437,8 @@ def test_older_file_says_what_it_left_alone(tmp_path, run_cli):
     run_cli("--db", str(db), "ingest", "slurm", str(newer))
     code, out, err = run_cli("--db", str(db), "ingest", "slurm", str(older))
     assert code == 0
-    assert out.startswith("imported 0 jobs from 1 file(s) (1 lines read)")
-    assert err == "note: 1 jobs left as they are: the warehouse holds a newer record of them\n"
+    assert out.startswith("imported 0 jobs from 1 file (1 line read)")
+    assert err == "note: 1 job kept as stored: the warehouse holds a newer record\n"
 
 
 def test_a_requeued_job_running_again_is_newer_than_its_failure(tmp_path, run_cli):
@@ -541,7 +588,9 @@ def test_unterminated_last_line_of_sacct_output(tmp_path, run_cli):
     code, out, err = run_cli("--db", str(tmp_path / "w.duckdb"), "ingest", "slurm", str(path))
     assert code == 0, err
     assert out.startswith("imported 3 jobs")
-    assert err == f"note: {path}: last line incomplete, skipped (a file still being written)\n"
+    assert err.startswith(
+        f"note: {path}: last line incomplete, skipped (a file still being written)\n"
+    )
 
 
 @pytest.mark.parametrize(

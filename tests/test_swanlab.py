@@ -37,8 +37,8 @@ def test_the_real_run_imports_with_params_metrics_status_and_gpu_samples(tmp_pat
     code, out, err = run_cli("--db", str(db), "ingest", "swanlab", str(REAL))
     assert code == 0, err
     assert out.startswith(
-        "imported 1 new or changed runs, 0 unchanged: 429 params, 5 tags, 87 metric points, "
-        "57 GPU samples from 1 run folder(s) (1,224 records read)"
+        "imported 1 new or changed run, 0 unchanged: 429 params, 5 tags, 87 metric points, "
+        "57 GPU samples from 1 run folder (1,224 records read)"
     ), out
     run = rows(
         db,
@@ -216,7 +216,7 @@ def test_an_unchanged_run_is_not_written_again_and_a_new_one_is(swanlog, tmp_pat
     assert rows(db, "SELECT run_id, imported_at FROM runs ORDER BY run_id") == imported_at
     aside.rename(killed)
     code, out, _ = run_cli("--db", str(db), "ingest", "swanlab", str(logdir))
-    assert code == 0 and out.startswith("imported 1 new or changed runs, 2 unchanged"), out
+    assert code == 0 and out.startswith("imported 1 new or changed run, 2 unchanged"), out
     assert rows(db, "SELECT count(*) FROM runs") == [(3,)]
 
 
@@ -228,7 +228,7 @@ def test_a_copied_run_folder_is_named_and_left_out(swanlog, tmp_path, run_cli):
     db = tmp_path / "a.duckdb"
     code, out, err = run_cli("--db", str(db), "ingest", "swanlab", str(logdir))
     assert code == 0, err
-    assert out.startswith("imported 1 new or changed runs"), out
+    assert out.startswith("imported 1 new or changed run"), out
     assert "holds the same run and is left out" in err
 
 
@@ -292,8 +292,8 @@ def test_a_damaged_record_is_exit_2_naming_file_and_byte_and_skip_bad_leaves_the
     assert not db.exists() or rows(db, "SELECT count(*) FROM runs") == [(0,)]
     code, out, err = run_cli("--db", str(db), "ingest", "swanlab", "--skip-bad", str(logdir))
     assert code == 0, err
-    assert out.startswith("imported 1 new or changed runs"), out
-    assert "skipped 1 bad run folders" in out
+    assert out.startswith("imported 1 new or changed run"), out
+    assert "skipped 1 bad run folder" in out
     assert f"skipped: {backup}: byte {at}: CRC mismatch" in err
     assert rows(db, "SELECT name FROM runs") == [("sft-crash",)]
 

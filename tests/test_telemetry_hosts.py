@@ -67,7 +67,7 @@ def test_two_machines_under_one_host_name_are_a_warning(tmp_path, run_cli):
     code, _, err = run_cli(*base, str(tmp_path / "b.csv"))
     assert code == 0
     # the same GPU index and times: the second machine's samples are kept out, and said so
-    assert "3 samples of host node7 were not imported" in err
+    assert "3 samples of host node7 not imported" in err
     assert "from a NVIDIA H100 80GB HBM3 and these are from a Tesla T4" in err
     # other GPU indices at the same times: both kept, and the mix is a warning
     _log(tmp_path / "c.csv", "Tesla T4", 10)

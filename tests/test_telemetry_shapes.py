@@ -49,7 +49,7 @@ def count(db) -> int:
 def test_one_gpu_log_without_identity_column(run_cli, db, name, rows, first):
     code, out, err = run_cli("--db", str(db), "ingest", "gpu", str(DATA / name))
     assert code == 0, err
-    assert out.startswith(f"imported {rows} GPU samples from 1 file(s)")
+    assert out.startswith(f"imported {rows} GPU samples from 1 file")
     host = name.removesuffix(".csv")
     assert err == (
         f"note: {DATA / name}: no index, uuid or pci.bus_id column and one row per timestamp: "
@@ -191,7 +191,7 @@ def test_live_file_last_line_incomplete_is_skipped_with_a_note(run_cli, db):
     assert path.read_text().endswith("95830 MiB,")
     code, out, err = run_cli("--db", str(db), "ingest", "gpu", str(path))
     assert code == 0, err
-    assert out.startswith("imported 7 GPU samples from 1 file(s) (7 lines read)")
+    assert out.startswith("imported 7 GPU samples from 1 file (7 lines read)")
     assert f"note: {path}: last line incomplete, skipped (a file still being written)\n" in err
     got = samples(db)
     assert got[-1][2] == datetime(2026, 2, 25, 10, 6, 20, 443000)

@@ -111,7 +111,7 @@ def test_runs_written_by_trackio_import_as_logged_and_the_store_is_untouched(
     assert code == 0, err
     assert out.startswith(
         "imported 2 new or changed runs, 0 unchanged: 5 params, 5 tags, 42 metric points, "
-        "2 GPU samples from 1 project database(s)"
+        "2 GPU samples from 1 project database"
     ), out
     assert fingerprint(store) == before
     runs = rows(db, "SELECT name, experiment_id, status FROM runs ORDER BY name")
@@ -225,7 +225,7 @@ def test_not_sqlite_is_exit_2_and_skip_bad_imports_the_others(store, tmp_path, r
     assert not db.exists() or rows(db, "SELECT count(*) FROM runs") == [(0,)]
     code, out, err = run_cli("--db", str(db), "ingest", "trackio", "--skip-bad", str(store))
     assert code == 0, err
-    assert "imported 2 new or changed runs" in out and "skipped 1 bad project databases" in out
+    assert "imported 2 new or changed runs" in out and "skipped 1 bad project database" in out
 
 
 def test_a_damaged_database_is_exit_2(store, tmp_path, run_cli):

@@ -30,6 +30,7 @@ from audit.config import Config, load_config
 from audit.errors import AuditError, InputError
 from audit.facts.direction import Direction, Directions
 from audit.facts.shift import shift_of_runs
+from audit.query.run_ids import find_run_id, resolve_run_id
 from audit.recipes import red_line_tolerance
 from audit.rule_registry import effective_thresholds, get_rule
 from audit.warehouse import open_warehouse
@@ -88,12 +89,13 @@ def gate(
         from audit.importers.mlflow.single import refresh_run
 
         with open_warehouse(db) as wh:
+            # a run not imported yet is fetched by the id as given
+            run_id = find_run_id(wh, run_id) or run_id
             refresh_run(wh, run_id, config, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     with open_warehouse(db, read_only=True) as wh:
-        if not wh.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]):
-            raise CannotJudge(
-                f"run {run_id} is not in the warehouse; import it first or pass --refresh"
-            )
+        run_id = resolve_run_id(wh, run_id, hint="import it first or pass --refresh")
+        if baseline is not None:
+            baseline = resolve_run_id(wh, baseline, "baseline run")
         baseline_id = baseline or _baseline_for(wh, run_id, config)
         if baseline_id == run_id:
             raise CannotJudge(f"run {run_id} is its own baseline")

@@ -11,6 +11,7 @@ from audit import atomic, interrupts
 from audit.cli import AppContext, cli, pass_app
 from audit.errors import AuditError
 from audit.format import table
+from audit.text import counted
 from audit.text import terminal_safe as safe
 
 
@@ -19,7 +20,8 @@ from audit.text import terminal_safe as safe
 @click.option(
     "--baseline",
     metavar="RUN_ID",
-    help="Compare with this run (default: the audit.baseline=true run of the same base model).",
+    help="Compare with this run (default: the audit.baseline=true run of the same base model; "
+    "a unique prefix will do).",
 )
 @click.option(
     "--tolerance",
@@ -60,6 +62,7 @@ def gate_command(
     refused. Exit 2 when it cannot tell.
 
     Meant for training loops: call it every N steps with --refresh and stop on exit 1.
+    Run ids may be shortened to a unique prefix of at least 4 characters, as in git.
 
     \b
     Example:
@@ -180,14 +183,14 @@ def prune_command(app: AppContext, plan_path, apply_path, include_orphans, manif
                     err=True,
                 )
         click.echo(
-            f"deleted {summary['deleted']} entries ({summary['freed_bytes'] / 1e9:,.1f} GB freed), "
+            f"deleted {counted(summary['deleted'], 'entry')} ({summary['freed_bytes'] / 1e9:,.1f} GB freed), "
             f"skipped {summary['skipped']}; manifest {manifest}"
         )
         if summary["interrupted"]:
             left = summary["planned"] - len(summary["outcomes"])
             click.echo(
                 f"audit: interrupted; stopped after {len(summary['outcomes'])} of "
-                f"{summary['planned']} entries, {left} not touched; what was done is in the "
+                f"{counted(summary['planned'], 'entry')}, {left} not touched; what was done is in the "
                 "manifest and the warehouse",
                 err=True,
             )
@@ -204,24 +207,25 @@ def prune_command(app: AppContext, plan_path, apply_path, include_orphans, manif
     if plan["kept_by_suppression"]:
         first = plan["kept_by_suppression"][0]
         click.echo(
-            f"not planned: {len(plan['kept_by_suppression'])} checkpoints kept by a suppression "
+            f"not planned: {counted(len(plan['kept_by_suppression']), 'checkpoint')} kept by a "
+            "suppression "
             f"(e.g. {safe(first['path'])}: {safe(first['reason'])})",
             err=True,
         )
     if plan["orphans_left_out"]:
         click.echo(
-            f"not planned: {plan['orphans_left_out']} orphan checkpoints (CKP003, no run claims "
-            "them); check `audit status` link coverage, or add --include-orphans",
+            f"not planned: {counted(plan['orphans_left_out'], 'orphan checkpoint')} (CKP003, no "
+            "run claims them); check `audit status` link coverage, or add --include-orphans",
             err=True,
         )
     if plan_path:
         atomic.write_text(plan_path, json.dumps(plan, indent=2) + "\n")
         click.echo(
-            f"wrote {plan_path}: {len(plan['entries'])} entries, {plan['total_bytes'] / 1e9:,.1f} GB; "
+            f"wrote {plan_path}: {counted(len(plan['entries']), 'entry')}, {plan['total_bytes'] / 1e9:,.1f} GB; "
             f"apply with audit prune --apply {plan_path}"
         )
     else:
         click.echo(
-            f"dry run: {len(plan['entries'])} entries, {plan['total_bytes'] / 1e9:,.1f} GB reclaimable; "
+            f"dry run: {counted(len(plan['entries']), 'entry')}, {plan['total_bytes'] / 1e9:,.1f} GB reclaimable; "
             "write a plan with --plan FILE"
         )

@@ -7,7 +7,9 @@ from pathlib import Path
 import click
 
 from audit.cli import AppContext, cli, pass_app
+from audit.cli.options import skip_bad_option, window_options
 from audit.progress import ProgressReporter
+from audit.text import counted
 from audit.text import terminal_safe as safe
 
 
@@ -103,16 +105,8 @@ def _report_skipped(summary) -> None:
     for message in summary.skipped[:20]:
         click.echo(f"skipped: {safe(message)}", err=True)
     if len(summary.skipped) > 20:
-        click.echo(
-            f"skipped: ... {len(summary.skipped) - 20} more {summary.skipped_what}", err=True
-        )
-
-
-skip_bad_option = click.option(
-    "--skip-bad",
-    is_flag=True,
-    help="Import the good lines and report the bad ones (default: stop at the first bad line, write nothing).",
-)
+        more = counted(len(summary.skipped) - 20, f"more {summary.skipped_what}")
+        click.echo(f"skipped: ... {more}", err=True)
 
 
 @ingest.command("slurm")
@@ -131,7 +125,7 @@ skip_bad_option = click.option(
     show_default=True,
     help="Cluster name, to keep job ids of several clusters apart.",
 )
-@skip_bad_option
+@skip_bad_option("lines")
 @pass_app
 def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -> None:
     """Import Slurm accounting (sacct -P output, with or without header, or sacct --json).
@@ -176,7 +170,7 @@ def ingest_slurm(app: AppContext, files, fields, delimiter, cluster, skip_bad) -
     type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
     help="Time (UTC) of DCGM snapshots without sample timestamps (default: the file's modification time).",
 )
-@skip_bad_option
+@skip_bad_option("lines")
 @pass_app
 def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     """Import GPU telemetry: nvidia-smi CSV, dcgm-exporter text, Prometheus JSON.
@@ -202,14 +196,11 @@ def ingest_gpu(app: AppContext, files, host, fields, at, skip_bad) -> None:
     click.echo(safe(summary.line()))
 
 
-UTC_TIME = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
-
-
 @ingest.command("prometheus")
 @click.option("--url", required=True, help="Base URL of a server with the Prometheus HTTP API.")
-@click.option("--since", type=UTC_TIME, help="First bucket (UTC; default: 7 days before --until).")
-@click.option(
-    "--until", type=UTC_TIME, help="Last bucket (UTC; default: the last whole bucket before now)."
+@window_options(
+    since_help="First bucket (UTC; default: 7 days before --until).",
+    until_help="Last bucket (UTC; default: the last whole bucket before now).",
 )
 @click.option(
     "--step",
@@ -237,11 +228,7 @@ UTC_TIME = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
 @click.option(
     "--insecure-skip-verify", is_flag=True, help="Do not check the server's TLS certificate."
 )
-@click.option(
-    "--skip-bad",
-    is_flag=True,
-    help="Leave out values outside their valid range and list them (default: stop, store nothing).",
-)
+@skip_bad_option("values (outside their valid range)")
 @pass_app
 def ingest_prometheus(
     app: AppContext,
@@ -278,8 +265,6 @@ def ingest_prometheus(
     """
     from audit.importers.prometheus import Credentials, import_prometheus
 
-    if since and until and since >= until:
-        raise click.UsageError("--since must be before --until")
     if bearer_token_file and bearer_token_env:
         raise click.UsageError("give --bearer-token-file or --bearer-token-env, not both")
     if password_file and password_env:
@@ -360,14 +345,6 @@ def ingest_links(app: AppContext) -> None:
     )
 
 
-skip_bad_runs_option = click.option(
-    "--skip-bad",
-    is_flag=True,
-    help="Import the readable runs and list the unreadable ones (default: stop at the first, "
-    "write nothing).",
-)
-
-
 def run_import_command(source_class) -> click.Command:
     """``audit ingest <kind>`` of a file-based tracker importer: PATHS, ``--skip-bad``, its
     own on/off options, progress, the skipped list and the summary line, as every tracker
@@ -392,7 +369,7 @@ def run_import_command(source_class) -> click.Command:
 
     for flag in reversed(source_class.flags):
         command = click.option(flag.option, flag.keyword, is_flag=True, help=flag.help)(command)
-    command = skip_bad_runs_option(command)
+    command = skip_bad_option("runs (unreadable folders or logs)")(command)
     command = click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))(
         command
     )
@@ -401,12 +378,7 @@ def run_import_command(source_class) -> click.Command:
 
 @ingest.command("evals")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option(
-    "--skip-bad",
-    is_flag=True,
-    help="Import the readable files and list the unreadable ones (default: stop at the first, "
-    "write nothing).",
-)
+@skip_bad_option("files (unreadable or not results)")
 @pass_app
 def ingest_evals(app: AppContext, paths, skip_bad) -> None:
     """Import evaluation results: lm-evaluation-harness results JSON (0.3 and 0.4).

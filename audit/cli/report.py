@@ -8,7 +8,7 @@ import click
 
 from audit import atomic
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.scan import DATE
+from audit.cli.options import format_option, output_option, window_options
 
 
 @cli.group("report")
@@ -25,21 +25,16 @@ def report_group() -> None:
 @click.option(
     "--week", metavar="YYYY-Www", help="ISO week, e.g. 2026-W47 (default: the last complete week)."
 )
-@click.option("--since", type=DATE, help="Start of a custom window (UTC) instead of a week.")
-@click.option("--until", type=DATE, help="End of a custom window (UTC).")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["html", "md", "json"]),
-    default="html",
-    show_default=True,
-    help="html: one self-contained file; md: headline and top findings for chat or e-mail; json: for machines.",
+@window_options(
+    since_help="Start of a custom window (UTC), inclusive, instead of a week.",
+    until_help="End of a custom window (UTC).",
 )
-@click.option(
-    "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write here (default: stdout for md/json, weekly-<week>.html for html).",
+@format_option(
+    ["html", "md", "json"],
+    "html",
+    "html: one self-contained file; md: headline and top findings for chat or e-mail; json: for machines.",
 )
+@output_option("Write here (default: stdout for md/json, weekly-<week>.html for html).")
 @pass_app
 def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
     """Weekly waste report: headline vs last week, breakdowns, methods, trend, findings.
@@ -61,8 +56,6 @@ def report_weekly(app: AppContext, week, since, until, fmt, output) -> None:
     if week and since:
         raise click.UsageError("give --week or --since/--until, not both")
     if since:
-        if since >= until:
-            raise click.UsageError("--since must be before --until")
         window = Window(since, until, f"{since:%Y-%m-%d} to {until:%Y-%m-%d}")
     else:
         window = parse_week(week, config.timezone) if week else last_complete_week(config.timezone)

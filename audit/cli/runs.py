@@ -10,17 +10,12 @@ import click
 import polars as pl
 
 from audit.cli import AppContext, cli, pass_app
-from audit.format import table
+from audit.cli.options import format_option
+from audit.format import cell, json_default, json_text, table
+from audit.text import counted
 from audit.text import terminal_safe as safe
 
-FORMAT = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "csv"]),
-    default="table",
-    show_default=True,
-    help="Output format.",
-)
+FORMAT = format_option(["table", "json", "csv"], "table", "Output format.")
 
 
 def _registry(app: AppContext):
@@ -30,11 +25,12 @@ def _registry(app: AppContext):
 
 
 def emit(frame: pl.DataFrame, fmt: str, empty: str = "no runs match") -> None:
-    """``frame`` in the format; a table with no rows says ``empty`` instead."""
+    """``frame`` in the format; a table with no rows says ``empty`` instead. Lists, arrays,
+    structs and maps are JSON in CSV (and themselves in JSON), JSON-like text in a table."""
     if fmt == "json":
-        click.echo(json.dumps(frame.to_dicts(), indent=2, default=str))
+        click.echo(json.dumps(frame.to_dicts(), indent=2, default=json_default))
     elif fmt == "csv":
-        text = _flat(frame).write_csv()
+        text = _nested_as_text(frame, json_text).write_csv()
         # A terminal gets escapes shown, not obeyed; a file or a pipe gets the values exactly
         # (color=True stops click from stripping what looks like ANSI codes out of data).
         if sys.stdout.isatty():
@@ -44,26 +40,15 @@ def emit(frame: pl.DataFrame, fmt: str, empty: str = "no runs match") -> None:
     elif frame.is_empty():
         click.echo(empty)
     else:
-        flat = _flat(frame)
-        click.echo(table(flat.columns, [[_cell(v) for v in row] for row in flat.iter_rows()]))
+        click.echo(table(frame.columns, [[cell(v) for v in row] for row in frame.iter_rows()]))
 
 
-def _flat(frame: pl.DataFrame) -> pl.DataFrame:
-    nested = [c for c, t in frame.schema.items() if isinstance(t, pl.List | pl.Struct)]
+def _nested_as_text(frame: pl.DataFrame, render) -> pl.DataFrame:
     return frame.with_columns(
-        [
-            pl.col(c).map_elements(lambda v: json.dumps(v, default=str), return_dtype=pl.String)
-            for c in nested
-        ]
+        pl.Series(name, [render(v) for v in frame[name].to_list()], dtype=pl.String)
+        for name, dtype in frame.schema.items()
+        if dtype.is_nested()
     )
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
 
 
 @cli.group("runs")
@@ -122,7 +107,12 @@ def runs_search(
 
 
 @runs_group.command("similar")
-@click.option("--run", "run_id", help="Compare with this run's params.")
+@click.option(
+    "--run",
+    "run_id",
+    metavar="RUN_ID",
+    help="Compare with this run's params (a unique prefix will do).",
+)
 @click.option(
     "--config",
     "config_file",
@@ -158,7 +148,11 @@ def runs_similar(
     """Has this configuration been run already, and how did it score?
 
     Exact matches have the same normalised value for every key (volatile keys such as
-    output_dir ignored); nearest neighbours are ranked by how many keys differ.
+    output_dir ignored); nearest neighbours share at least one key and are ranked by how
+    many differ. A key is matched to the name runs logged it under: the same apart from
+    case and separators (lora.r is lora_r), another trainer's name for the setting
+    (lora_rank, lr), or a nested key's last part (training.learning_rate is
+    learning_rate); keys no run logged are named, with the closest logged ones.
 
     \b
     Example:
@@ -184,11 +178,13 @@ def runs_similar(
             json.dumps(
                 {
                     "query": result.query,
+                    "compared_as": result.compared_as,
+                    "missing": result.missing,
                     "exact": result.exact.to_dicts(),
                     "neighbours": result.neighbours.to_dicts(),
                 },
                 indent=2,
-                default=str,
+                default=json_default,
             )
         )
     else:
@@ -209,10 +205,12 @@ def runs_similar(
                 fmt,
             )
         click.echo("")
-        click.echo(f"nearest runs ({result.neighbours.height}):")
-        if result.neighbours.height:
+        if not result.neighbours.height:
+            click.echo("nearest runs: none (no other run logged a key of the query)")
+        else:
+            click.echo(f"nearest runs ({result.neighbours.height}):")
             described = [
-                "; ".join(f"{d['key']}: {d['found']} (wanted {d['wanted']})" for d in row or [])
+                "; ".join(_difference(d) for d in row or [])
                 for row in result.neighbours["differences"].to_list()
             ]
             emit(
@@ -221,11 +219,53 @@ def runs_similar(
                 ).with_columns(differences=pl.Series(described, dtype=pl.String)),
                 fmt,
             )
+    _explain_keys(result)
     if fail_if_exists and finished.height:
         click.echo(
             f"a finished run with this configuration exists: {finished['run_id'][0]}", err=True
         )
         raise SystemExit(1)
+
+
+def _difference(d: dict) -> str:
+    name = d["key"] if d["logged_as"] in (None, d["key"]) else f"{d['key']} as {d['logged_as']}"
+    found = "not logged" if d["found"] is None else d["found"]
+    return f"{name}: {found} (wanted {d['wanted']})"
+
+
+HINTED_KEYS = 5
+
+
+def _explain_keys(result) -> None:
+    """On stderr: the query keys compared under other names, those no run logged (with
+    the closest logged keys), and what a missing key means for exact matches."""
+    if result.compared_as:
+        shown = "; ".join(f"{k} as {' or '.join(v)}" for k, v in result.compared_as.items())
+        click.echo(safe(f"note: compared under the names runs logged: {shown}"), err=True)
+    missing = list(result.missing.items())
+    if not missing:
+        return
+    nothing_logged = len(missing) == len(result.query)
+    if nothing_logged:
+        click.echo("hint: no run logged any key of the query, under any name", err=True)
+    for key, close in missing[:HINTED_KEYS]:
+        guess = f"; did you mean {' or '.join(repr(k) for k in close)}?" if close else ""
+        click.echo(safe(f"hint: no run logged {key!r} under any name{guess}"), err=True)
+    if len(missing) > HINTED_KEYS:
+        rest = ", ".join(k for k, _ in missing[HINTED_KEYS : HINTED_KEYS + 10])
+        more = ", ..." if len(missing) > HINTED_KEYS + 10 else ""
+        click.echo(
+            safe(
+                f"hint: {counted(len(missing) - HINTED_KEYS, 'more key')} no run logged: {rest}{more}"
+            ),
+            err=True,
+        )
+    if not nothing_logged:
+        click.echo(
+            "hint: no run matches exactly while a key is missing; leave such keys out with "
+            "--ignore KEY,...",
+            err=True,
+        )
 
 
 @runs_group.command("compare")
@@ -245,11 +285,19 @@ def runs_compare(app: AppContext, run_ids, all_params, fmt) -> None:
     """
     parts = _registry(app).compare(list(run_ids), all_params)
     if fmt == "json":
-        click.echo(json.dumps({k: v.to_dicts() for k, v in parts.items()}, indent=2, default=str))
+        click.echo(
+            json.dumps({k: v.to_dicts() for k, v in parts.items()}, indent=2, default=json_default)
+        )
         return
+    empty = {
+        "params": "no params logged"
+        if all_params
+        else "the params are identical (--all-params lists them)",
+        "metrics": "no metrics logged",
+    }
     for title, frame in parts.items():
         click.echo(f"{title}:")
-        emit(frame, fmt)
+        emit(frame, fmt, empty=empty.get(title, "none"))
         click.echo("")
 
 
@@ -296,6 +344,5 @@ def export_command(app: AppContext, folder) -> None:
       audit export --parquet /data/audit-export
     """
     counts = _registry(app).export_parquet(folder)
-    click.echo(
-        f"exported {sum(counts.values()):,} rows from {sum(1 for n in counts.values() if n)} tables to {folder}"
-    )
+    rows, tables = sum(counts.values()), sum(1 for n in counts.values() if n)
+    click.echo(f"exported {counted(rows, 'row')} from {counted(tables, 'table')} to {folder}")

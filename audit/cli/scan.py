@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from audit import atomic
 from audit.cli import AppContext, cli, pass_app
+from audit.cli.options import format_option, output_option, window_options
 from audit.format import table
 from audit.reports.scan import json_chunks, render_markdown, render_table, scan_document
 from audit.rule_api import Severity
@@ -16,7 +15,6 @@ from audit.scans import scan
 from audit.summary import summarise
 from audit.windows import Window
 
-DATE = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
 SEVERITIES = [s.label for s in Severity]
 
 
@@ -25,21 +23,16 @@ SEVERITIES = [s.label for s in Severity]
     "--select", metavar="CODES", help="Only these rules or families, comma separated (DUP001,OVP)."
 )
 @click.option("--ignore", metavar="CODES", help="Skip these rules or families, comma separated.")
-@click.option("--since", type=DATE, help="Judge activity from this date (UTC), inclusive.")
-@click.option("--until", type=DATE, help="Judge activity before this date (UTC).")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "md", "html"]),
-    default="table",
-    show_default=True,
-    help="Output format (html: the scan as one self-contained report file, needs --output).",
+@window_options(
+    since_help="Judge activity from this date (UTC), inclusive.",
+    until_help="Judge activity before this date (UTC).",
 )
-@click.option(
-    "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write to this file instead of stdout.",
+@format_option(
+    ["table", "json", "md", "html"],
+    "table",
+    "Output format (html: the scan as one self-contained report file, needs --output).",
 )
+@output_option("Write to this file instead of stdout.")
 @click.option(
     "--fail-on",
     type=click.Choice(SEVERITIES),
@@ -66,8 +59,6 @@ def scan_command(
       audit scan --fail-on high
       audit scan --format html --output scan.html
     """
-    if since and until and since >= until:
-        raise click.UsageError("--since must be before --until")
     if fmt == "html" and output is None:
         raise click.UsageError("--format html needs --output PATH")
     rules = select_rules(select, ignore)

@@ -7,6 +7,7 @@ import click
 from audit.cli import AppContext, cli, pass_app
 from audit.format import count, table
 from audit.status import warehouse_status
+from audit.text import counted
 from audit.text import terminal_safe as safe
 
 
@@ -74,7 +75,7 @@ def status(app: AppContext) -> None:
     if totals["eval_results"]:
         click.echo(
             f"evaluation results {count(totals['eval_results'])} "
-            f"from {count(totals['eval_runs'])} evaluation runs"
+            f"from {counted(totals['eval_runs'] or 0, 'evaluation run')}"
         )
     if report["first_run"]:
         click.echo(f"runs started between {report['first_run']} and {report['last_run']} (UTC)")
@@ -88,7 +89,8 @@ def status(app: AppContext) -> None:
         + (f", {c['jobs_from']} to {c['jobs_to']} (UTC)" if c["jobs"] else "")
     )
     click.echo(
-        f"GPU samples {count(c['samples'])} from {count(c['hosts'])} hosts / {count(c['gpus'])} GPUs"
+        f"GPU samples {count(c['samples'])} from {counted(c['hosts'] or 0, 'host')} / "
+        f"{counted(c['gpus'] or 0, 'GPU')}"
         + (f", {c['samples_from']} to {c['samples_to']} (UTC)" if c["samples"] else "")
     )
     click.echo(
@@ -121,7 +123,7 @@ def _watch(watch: dict) -> None:
     click.echo(
         f"watch: last run #{number} from {started:%Y-%m-%d %H:%M} to "
         + (f"{finished:%Y-%m-%d %H:%M}" if finished else "now")
-        + f" UTC, {intervals} intervals, {'enforcing' if enforce else 'dry run'}, {outcome}"
+        + f" UTC, {counted(intervals, 'interval')}, {'enforcing' if enforce else 'dry run'}, {outcome}"
     )
     counts = watch["counts"]
     click.echo(

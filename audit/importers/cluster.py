@@ -20,6 +20,7 @@ from audit.importers.checkpoints import scan_roots
 from audit.importers.files import FileImportSummary, FileSource, ParsedUnit, import_files
 from audit.importers.slurm import newest_records, read_sacct
 from audit.importers.telemetry import read_telemetry
+from audit.text import counted
 from audit.warehouse import Warehouse
 from audit.warehouse.frames import execute_on_frame, insert_frame, replace_by_key
 from audit.warehouse.samples import append_samples
@@ -28,7 +29,7 @@ from audit.windows import now_utc
 
 class SlurmSource(FileSource):
     kind = "slurm"
-    noun = "jobs"
+    noun = "job"
 
     def __init__(self, config: Config, fields, delimiter: str, skip_bad: bool, cluster: str):
         self.options = dict(fields=fields, delimiter=delimiter, skip_bad=skip_bad, cluster=cluster)
@@ -47,23 +48,46 @@ class SlurmSource(FileSource):
         return parsed.payload.jobs.height
 
     def finish(self, con, summary: FileImportSummary) -> None:
-        store_jobs(
+        written = store_jobs(
             con,
             pl.concat([p.jobs for p in self.parsed]),
             pl.concat([p.nodes for p in self.parsed]),
             summary,
         )
+        summary.warnings.extend(untimed_jobs(written))
 
 
-def store_jobs(con, jobs: pl.DataFrame, nodes: pl.DataFrame, summary: FileImportSummary) -> None:
+def untimed_jobs(jobs: pl.DataFrame) -> list[str]:
+    """Warnings counting the jobs stored without the times that place and price them.
+    sacct prints Unknown or None for the start of a job still pending or cancelled before
+    it started, and for the end of one still running (whose end is then taken from its
+    elapsed time, when the file has one)."""
+    no_start = jobs.filter(pl.col("start_time").is_null())
+    no_end = jobs.filter(pl.col("start_time").is_not_null() & pl.col("end_time").is_null())
+    warnings = []
+    for rows, what in (
+        (no_start, "no start time ({states}): left out of every scan or report of a time window"),
+        (no_end, "a start but no end or elapsed time ({states}): GPU-hours unknown"),
+    ):
+        if rows.height:
+            states = rows.group_by("state").len().sort(["len", "state"], descending=[True, False])
+            by_state = ", ".join(f"{n} {state or 'no state'}" for state, n in states.iter_rows())
+            warnings.append(f"{counted(rows.height, 'job')} with " + what.format(states=by_state))
+    return warnings
+
+
+def store_jobs(
+    con, jobs: pl.DataFrame, nodes: pl.DataFrame, summary: FileImportSummary
+) -> pl.DataFrame:
     """Write job records: the newest record of a job wins (a later moment, then a finished
-    state), whatever the order of the files and whatever the warehouse already holds."""
+    state), whatever the order of the files and whatever the warehouse already holds.
+    Returns the records written."""
     incoming = newest_records(jobs)
     jobs = newest_records(incoming, _stored_jobs(con, incoming))
     if jobs.height < incoming.height:
         summary.notes.append(
-            f"{incoming.height - jobs.height} jobs left as they are: the warehouse holds "
-            "a newer record of them"
+            f"{counted(incoming.height - jobs.height, 'job')} kept as stored: the warehouse "
+            "holds a newer record"
         )
     nodes = nodes.join(jobs.select("cluster", "job_id"), on=["cluster", "job_id"], how="semi")
     nodes = nodes.unique(maintain_order=True)
@@ -78,6 +102,7 @@ def store_jobs(con, jobs: pl.DataFrame, nodes: pl.DataFrame, summary: FileImport
         jobs.select("cluster", "job_id"),
     )
     insert_frame(con, "job_nodes", nodes)
+    return jobs
 
 
 def _stored_jobs(con, incoming: pl.DataFrame) -> pl.DataFrame:
@@ -131,7 +156,7 @@ def _keys_cycle(samples: pl.DataFrame) -> bool:
 
 class GpuSource(FileSource):
     kind = "gpu"
-    noun = "GPU samples"
+    noun = "GPU sample"
     workers = 2
 
     def __init__(self, config: Config, host, fields, skip_bad: bool, at: datetime | None):
@@ -178,7 +203,7 @@ class GpuSource(FileSource):
         )
         summary.warnings.extend(mixed_models(con, sorted(self.touched)))
         summary.warnings.extend(
-            f"{samples:,} samples of host {host} were not imported: the same host, GPU and "
+            f"{counted(samples, 'sample')} of host {host} not imported: the same host, GPU and "
             f"times are stored already from a {stored} and these are from a {incoming} (two "
             "machines' telemetry under one host name?); re-import with --host NAME"
             for host, stored, incoming, samples in self.batch.conflicts
@@ -335,8 +360,11 @@ class SampleBatch:
 
 class CheckpointSource(FileSource):
     kind = "checkpoints"
-    noun = "checkpoints"
-    skipped_what = "unreadable entries"
+    noun = "checkpoint"
+    unit = "root folder"
+    read_what = "checkpoint"
+    read_verb = "found"
+    skipped_what = "unreadable entry"
 
     def parse(self, unit: Path) -> ParsedUnit:
         unreadable: list[str] = []

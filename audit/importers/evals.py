@@ -49,6 +49,7 @@ from audit.importers.run_store import EPOCH_MS_MAX, EPOCH_MS_MIN
 from audit.importers.store_files import read_found_file, read_named_file
 from audit.importers.text import decode, sniff
 from audit.redact import redact_frame
+from audit.text import counted
 from audit.walk import walk
 from audit.warehouse.frames import insert_frame
 
@@ -92,9 +93,9 @@ class EvalRun(ParsedRun):
 
 class EvalSource(RunFolderSource):
     kind = EVALUATOR
-    noun = "evaluation runs"
-    unit = "file(s)"
-    read_what = "results"
+    noun = "evaluation run"
+    unit = "file"
+    read_what = "result"
 
     def __init__(self) -> None:
         super().__init__()
@@ -167,8 +168,8 @@ class EvalSource(RunFolderSource):
         parsed = ParsedUnit(run, rows_read=run.results.height, warnings=evaluation.warnings)
         if evaluation.left_out:
             parsed.notes.append(
-                f"{unit}: {evaluation.left_out} values that are no finite number "
-                "(NaN, inf, N/A) were left out"
+                f"{unit}: {counted(evaluation.left_out, 'value')} left out: no finite number "
+                "(NaN, inf, N/A)"
             )
         if not run.results.height:
             parsed.warnings.append(f"{unit}: no numeric result in it")
@@ -222,8 +223,8 @@ class EvalSource(RunFolderSource):
     def finish(self, con, summary: FileImportSummary) -> None:
         self._flush_results(con)
         super().finish(con, summary)
-        summary.detail = "new evaluation runs"
-        summary.extra += f", {self.result_rows:,} evaluation results"
+        summary.detail = "new evaluation run"
+        summary.extra += f", {counted(self.result_rows, 'evaluation result')}"
         summary.notes[:0] = self.folder_notes
 
 

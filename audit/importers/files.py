@@ -17,6 +17,7 @@ import polars as pl
 
 from audit.errors import InputError
 from audit.progress import NoProgress, ProgressReporter
+from audit.text import counted
 from audit.warehouse.frames import insert_frame
 from audit.windows import now_utc
 
@@ -126,18 +127,23 @@ class FileImportSummary:
     warnings: list[str] = field(default_factory=list)  # imported, with a caveat
     notes: list[str] = field(default_factory=list)  # how the input was read (one GPU, ...)
     seconds: float = 0.0
-    detail: str = ""
-    unit: str = "file(s)"
+    # the nouns of the summary line, in the singular (``counted`` gives the plural)
+    detail: str = ""  # what rows_written counts
+    unit: str = "file"
     extra: str = ""  # what else was written, for the summary line
-    read_what: str = "lines"
-    skipped_what: str = "bad lines"
+    read_what: str = "line"
+    read_verb: str = "read"
+    skipped_what: str = "bad line"
 
     def line(self) -> str:
-        skipped = f", skipped {len(self.skipped)} {self.skipped_what}" if self.skipped else ""
+        skipped = (
+            f", skipped {counted(len(self.skipped), self.skipped_what)}" if self.skipped else ""
+        )
         extra = f", {self.extra}" if self.extra else ""
         return (
-            f"imported {self.rows_written:,} {self.detail}{extra} from {self.files} {self.unit} "
-            f"({self.rows_read:,} {self.read_what} read{skipped}) in {self.seconds:.2f} s"
+            f"imported {counted(self.rows_written, self.detail)}{extra} from "
+            f"{counted(self.files, self.unit)} ({counted(self.rows_read, self.read_what)} "
+            f"{self.read_verb}{skipped}) in {self.seconds:.2f} s"
         )
 
 
@@ -164,9 +170,12 @@ class FileSource:
     """
 
     kind: ClassVar[str]  # file_imports.kind
-    noun: ClassVar[str]  # what rows_written counts, for the summary line
-    unit: ClassVar[str] = "file(s)"
-    read_what: ClassVar[str] = "lines"
+    # the summary line's nouns, in the singular: what rows_written counts, what a unit is,
+    # what rows_read counts
+    noun: ClassVar[str]
+    unit: ClassVar[str] = "file"
+    read_what: ClassVar[str] = "line"
+    read_verb: ClassVar[str] = "read"
     workers: ClassVar[int] = 1  # units parsed ahead in threads while one is written
     skips_bad_units: ClassVar[bool] = False
     skipped_what: ClassVar[str | None] = None  # what ParsedUnit.skipped lists, if not bad lines
@@ -212,8 +221,9 @@ def import_files(
         detail=source.noun,
         unit=source.unit,
         read_what=source.read_what,
+        read_verb=source.read_verb,
         skipped_what=source.skipped_what
-        or ("bad " + source.unit.replace("(s)", "s") if source.skips_bad_units else "bad lines"),
+        or ("bad " + source.unit if source.skips_bad_units else "bad line"),
     )
     # the file log's figures only: keeping each ``parsed`` kept every file's rows in memory
     # until the end (7.3 GiB for 80 M telemetry samples)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from audit.config import Config
 from audit.errors import InputError
+from audit.text import counted
 
 SETTINGS_KEY = "link_settings"
 _DERIVED_JOBS = "audit_derived_run_jobs"
@@ -213,13 +214,13 @@ def _refuse_losses(con, config: Config, settings: LinkSettings, stored: LinkSett
     if lost_checkpoints:
         path, run_id, method, name = lost_checkpoints[0]
         losses.append(
-            f"{len(lost_checkpoints)} checkpoints from their runs (e.g. {path} from run "
+            f"{counted(len(lost_checkpoints), 'checkpoint')} from their runs (e.g. {path} from run "
             f"{name or run_id!r} via {method})"
         )
     if lost_jobs:
         run_id, job_id, method = lost_jobs[0]
         losses.append(
-            f"{len(lost_jobs)} runs from their Slurm jobs (e.g. run {run_id} from job {job_id} via {method})"
+            f"{counted(len(lost_jobs), 'run')} from their Slurm jobs (e.g. run {run_id} from job {job_id} via {method})"
         )
     source = f"--config {config.path}" if config.path else "no --config (built-in defaults)"
     if stored is None:

@@ -80,7 +80,9 @@ def import_live_jobs(wh, live: LiveJobs, config: Config) -> FileImportSummary:
     from audit.importers.links import refresh_links
 
     started = time.monotonic()
-    summary = FileImportSummary(kind="slurm-live", detail="jobs", files=1)
+    summary = FileImportSummary(
+        kind="slurm-live", detail="job", files=1, unit="controller listing", read_what="job"
+    )
     with wh.transaction() as con:
         if live.jobs.height:
             store_jobs(con, live.jobs, live.nodes, summary)
@@ -139,7 +141,7 @@ def follow_files(wh, paths: list[Path], config: Config) -> FileImportSummary:
     keeps how far each was read; a file whose first line changed, or that shrank, was
     rotated and is read from the start). Only whole lines are read."""
     started = time.monotonic()
-    summary = FileImportSummary(kind="gpu-live", detail="GPU samples", files=len(paths))
+    summary = FileImportSummary(kind="gpu-live", detail="GPU sample", files=len(paths))
     with wh.transaction() as con:
         cursors = {
             location: (size, head)
@@ -244,7 +246,9 @@ def scrape_endpoints(wh, urls: list[str], config: Config, timeout: float) -> Fil
     time. Every endpoint is read before anything is written; one that fails fails the
     source (the others are tried again at the next interval with it)."""
     started = time.monotonic()
-    summary = FileImportSummary(kind="dcgm-live", detail="GPU samples", files=len(urls))
+    summary = FileImportSummary(
+        kind="dcgm-live", detail="GPU sample", files=len(urls), unit="endpoint"
+    )
     frames, logged = [], []
     with ThreadPoolExecutor(max_workers=SCRAPES_AT_A_TIME) as pool:
         for url, parsed in zip(urls, pool.map(lambda u: _scrape(u, timeout), urls), strict=True):

@@ -49,6 +49,7 @@ from audit.importers.telemetry import (
     valid_value,
 )
 from audit.redact import redact_text
+from audit.text import counted
 from audit.warehouse.frames import execute_on_frame, insert_frame
 from audit.warehouse.samples import append_samples, delete_samples
 from audit.windows import now_utc
@@ -124,8 +125,8 @@ class RunFolderSource(FileSource):
     (``run_store``), the incremental state (``known_signature``, ``cursors``).
     """
 
-    unit = "run folder(s)"
-    read_what = "records"
+    unit = "run folder"
+    read_what = "record"
     skips_bad_units = True
     # The generated ``audit ingest <kind>`` command: its help (click's text, with an
     # "Example:" block), what its progress bar says, and its on/off options.
@@ -319,11 +320,12 @@ class RunFolderSource(FileSource):
         written = sum(len(ids) for ids in self.changed.values())
         summary.rows_written = written
         summary.warnings.extend(self.copies)
-        summary.detail = "new or changed runs"
+        summary.detail = "new or changed run"
         c = self.counts
         summary.extra = (
-            f"{c['unchanged']} unchanged: {c['params']:,} params, {c['tags']:,} tags, "
-            f"{c['points']:,} metric points, {c['samples']:,} GPU samples"
+            f"{c['unchanged']:,} unchanged: {counted(c['params'], 'param')}, "
+            f"{counted(c['tags'], 'tag')}, {counted(c['points'], 'metric point')}, "
+            f"{counted(c['samples'], 'GPU sample')}"
         )
 
 

@@ -344,7 +344,7 @@ def _run_id_of(folder: Path) -> str:
 
 class SwanLabSource(RunFolderSource):
     kind = "swanlab"
-    noun = "runs"
+    noun = "run"
     progress_label = "importing SwanLab runs"
     command_help = """Import SwanLab run folders from disk (swanlog/; no network, no API key).
 

@@ -185,8 +185,8 @@ MAX_TENSOR_ELEMENTS = 1 << 16  # scalars hold one value, histograms ~30 buckets 
 
 class TensorBoardSource(RunFolderSource):
     kind = "tensorboard"
-    noun = "runs"
-    read_what = "events"
+    noun = "run"
+    read_what = "event"
     progress_label = "importing TensorBoard runs"
     command_help = """Import TensorBoard event files: every scalar, and hparams as params.
 

@@ -191,9 +191,9 @@ class _Store:
 
 class TrackioSource(RunFolderSource):
     kind = "trackio"
-    noun = "runs"
-    unit = "project database(s)"
-    read_what = "rows"
+    noun = "run"
+    unit = "project database"
+    read_what = "row"
     progress_label = "importing trackio projects"
     command_help = """Import Hugging Face trackio projects from their local SQLite store.
 

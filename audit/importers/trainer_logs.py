@@ -155,8 +155,8 @@ def _points(rows: list[tuple[str, float, int | None, int | None]]) -> pl.DataFra
 
 class TrainerLogSource(RunFolderSource):
     kind = "trainer-logs"
-    noun = "runs"
-    read_what = "log entries"
+    noun = "run"
+    read_what = "log entry"
     progress_label = "importing trainer logs"
     flags = (
         Flag(

@@ -856,7 +856,7 @@ def _run_id_of(folder: Path) -> str:
 
 class WandbSource(RunFolderSource):
     kind = "wandb"
-    noun = "runs"
+    noun = "run"
     progress_label = "importing W&B runs"
     command_help = """Import W&B run folders from disk (offline or synced; no network, no API key).
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -25,10 +25,12 @@ from audit.errors import InputError, utf8_problem
 from audit.importers.params import flatten_config, normalised_texts
 from audit.query import partitions
 from audit.query.bulk import SQL_LEAVES, BulkEvaluator, fetch_columns
+from audit.query.config_keys import match_keys
 from audit.query.deadline import run_with_deadline
 from audit.query.fields import FieldColumns, lock_down
 from audit.query.fields import shown_fields as _shown_fields
 from audit.query.filter import compile_where, count_leaves, parse_filter, parse_order
+from audit.query.run_ids import resolve_run_id
 from audit.warehouse import open_warehouse
 from audit.warehouse.slices import partition_slices
 
@@ -70,11 +72,23 @@ EXPORT_PARTITIONS = {
 }
 
 
+# Distinct param keys looked at to match a query's keys (a warehouse has a few thousand).
+MAX_LOGGED_KEYS = 100_000
+# Query keys no run logged that get "did you mean" suggestions (difflib over every key).
+SUGGESTED_KEYS = 20
+# [attribution] lists of keys that name one setting in different trainers' logs
+SAME_SETTING_KEYS = ("base_model_keys", "dataset_keys", "method_keys", "teacher_keys")
+
+
 @dataclass
 class Similar:
     query: dict[str, str]
     exact: pl.DataFrame
     neighbours: pl.DataFrame
+    # query keys compared under other names: the logged keys, best first (config_keys)
+    compared_as: dict[str, list[str]] = field(default_factory=dict)
+    # query keys no run logged under any name: close logged keys, if any
+    missing: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Registry:
@@ -259,12 +273,8 @@ class Registry:
         skip = set(self.config.values["attribution"]["volatile_params"]) | set(ignore or [])
         with self._open() as wh:
             if run_id is not None:
+                run_id = resolve_run_id(wh, run_id)
                 found = wh.frame("SELECT key, value FROM params WHERE run_id = ?", [run_id])
-                if (
-                    found.is_empty()
-                    and not wh.frame("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).height
-                ):
-                    raise InputError(f"no run {run_id!r} in the warehouse")
                 query = dict(zip(found["key"], found["value"], strict=True))
             elif config_file is not None:
                 query = flatten_config(read_config_file(config_file))
@@ -272,7 +282,27 @@ class Registry:
                 query = dict(params or {})
             if not query:
                 raise InputError("nothing to compare: give --run, --config or --param key=value")
-            query = {k: v for k, v in query.items() if k not in skip}
+            # a nested key is volatile when its last part is (training.output_dir)
+            query = {
+                k: v for k, v in query.items() if k not in skip and k.rsplit(".", 1)[-1] not in skip
+            }
+            if not query:
+                raise InputError(
+                    "nothing to compare: every key given is volatile ([attribution] "
+                    "volatile_params) or left out with --ignore"
+                )
+            logged = [
+                r[0]
+                for r in wh.con.execute(
+                    "SELECT DISTINCT key FROM params ORDER BY key LIMIT ?", [MAX_LOGGED_KEYS]
+                ).fetchall()
+            ]
+            attribution = self.config.values["attribution"]
+            matched = match_keys(
+                list(query),
+                logged,
+                [tuple(attribution[k]) for k in SAME_SETTING_KEYS],
+            )
             by_text = normalised_texts([str(v) for v in query.values()])
             normalised = {k: by_text[str(v)][1] for k, v in query.items()}
             wh.con.register(
@@ -286,6 +316,27 @@ class Registry:
                     schema={"key": pl.String, "norm": pl.String, "raw": pl.String},
                 ),
             )
+            # one row per query key and logged name; only a key with several names needs
+            # a run's best tier found (most keys have one: the query's own)
+            names = [
+                (key, logged_key, rank, len(matched.names(key)) > 1)
+                for key, tiers in matched.tiers.items()
+                for rank, tier in enumerate(tiers)
+                for logged_key in tier
+            ]
+            wh.con.register(
+                "audit_names",
+                pl.DataFrame(
+                    names,
+                    schema={
+                        "key": pl.String,
+                        "logged_key": pl.String,
+                        "rank": pl.Int32,
+                        "several": pl.Boolean,
+                    },
+                    orient="row",
+                ),
+            )
             try:
                 scored = wh.frame(
                     """
@@ -293,37 +344,77 @@ class Registry:
                         SELECT r.source_id, r.run_id, r.name AS run_name, r.status, r.start_time FROM runs r
                         WHERE r.lifecycle_stage = 'active' AND (? IS NULL OR r.run_id <> ?)
                     ),
+                    named AS (  -- a key's params under its only name
+                        SELECT p.source_id, p.run_id, n.key, p.key AS logged_as, p.value AS found,
+                               p.value_norm AS found_norm
+                        FROM params p JOIN audit_names n ON n.logged_key = p.key AND NOT n.several
+                        JOIN candidates c USING (source_id, run_id)
+                    ),
+                    tiers AS (  -- the names of one tier a run logged stand for the key when they agree
+                        SELECT p.source_id, p.run_id, n.key, n.rank,
+                               {'logged_as': string_agg(p.key, ', ' ORDER BY p.key),
+                                'found': CASE WHEN count(DISTINCT p.value_norm) = 1 THEN min(p.value)
+                                              ELSE string_agg(p.value, ', ' ORDER BY p.key) END,
+                                'found_norm': CASE WHEN count(DISTINCT p.value_norm) = 1
+                                                   THEN min(p.value_norm) END} AS named
+                        FROM params p JOIN audit_names n ON n.logged_key = p.key AND n.several
+                        JOIN candidates c USING (source_id, run_id)
+                        GROUP BY ALL
+                    ),
+                    logged AS (  -- each query key's best tier a run logged
+                        SELECT * FROM named
+                        UNION ALL BY NAME
+                        SELECT source_id, run_id, key, unnest(best) FROM (
+                            SELECT source_id, run_id, key, arg_min(named, rank) AS best
+                            FROM tiers GROUP BY source_id, run_id, key
+                        )
+                    ),
                     compared AS (
-                        SELECT c.source_id, c.run_id, q.key, q.raw AS wanted, p.value AS found,
-                               p.value_norm IS NOT DISTINCT FROM q.norm AS same
+                        SELECT c.source_id, c.run_id, q.key, q.raw AS wanted, l.found, l.logged_as,
+                               l.found_norm IS NOT DISTINCT FROM q.norm AS same
                         FROM candidates c CROSS JOIN audit_query q
-                        LEFT JOIN params p ON p.source_id = c.source_id AND p.run_id = c.run_id AND p.key = q.key
+                        LEFT JOIN logged l ON l.source_id = c.source_id AND l.run_id = c.run_id AND l.key = q.key
                     ),
                     extra AS (
                         SELECT p.source_id, p.run_id, count(*) AS n FROM params p JOIN candidates c USING (source_id, run_id)
-                        WHERE p.key NOT IN (SELECT key FROM audit_query) AND NOT list_contains(?, p.key)
+                        WHERE p.key NOT IN (SELECT logged_key FROM audit_names) AND NOT list_contains(?, p.key)
                         GROUP BY ALL
                     )
                     SELECT c.source_id, c.run_id, c.run_name, c.status, c.start_time,
                            count(*) FILTER (WHERE NOT x.same) AS differing,
+                           count(x.logged_as) AS shared_keys,
                            coalesce(any_value(e.n), 0) AS extra_keys,
-                           list({'key': x.key, 'wanted': x.wanted, 'found': x.found} ORDER BY x.key) FILTER (WHERE NOT x.same) AS differences
+                           list({'key': x.key, 'logged_as': x.logged_as, 'wanted': x.wanted, 'found': x.found} ORDER BY x.key) FILTER (WHERE NOT x.same) AS differences
                     FROM candidates c JOIN compared x USING (source_id, run_id)
                     LEFT JOIN extra e USING (source_id, run_id)
                     GROUP BY c.source_id, c.run_id, c.run_name, c.status, c.start_time
-                    ORDER BY differing, extra_keys, c.start_time DESC
+                    ORDER BY differing, extra_keys, c.start_time DESC, c.run_id
                     """,
                     [run_id, run_id, sorted(skip)],
                 )
             finally:
                 wh.con.unregister("audit_query")
+                wh.con.unregister("audit_names")
             # an exact match has every key of the query; when comparing with a run it also has no extra keys
             exact_mask = (pl.col("differing") == 0) & (
                 (pl.col("extra_keys") == 0) if run_id else pl.lit(True)
             )
             exact = self._results(wh, scored.filter(exact_mask))
-            neighbours = self._results(wh, scored.filter(~exact_mask).head(limit))
-        return Similar(query=query, exact=exact, neighbours=neighbours)
+            # a run that logged none of the query's keys is no neighbour, however few differ
+            neighbours = self._results(
+                wh, scored.filter(~exact_mask & (pl.col("shared_keys") > 0)).head(limit)
+            )
+        missing = {
+            key: matched.suggestions(key) if i < SUGGESTED_KEYS else []
+            for i, key in enumerate(matched.missing)
+        }
+        return Similar(
+            query=query,
+            exact=exact,
+            neighbours=neighbours,
+            compared_as={k: matched.names(k) for k in matched.tiers if matched.names(k) != [k]},
+            missing=missing,
+        )
 
     def _results(self, wh, runs: pl.DataFrame) -> pl.DataFrame:
         """Add target and general metrics (latest) and GPU-hours to runs."""
@@ -389,7 +480,10 @@ class Registry:
         if len(run_ids) < 2:
             raise InputError("compare needs at least two run ids")
         with self._open() as wh:
-            run_ids = [_full_run_id(wh, r) for r in run_ids]
+            run_ids = [resolve_run_id(wh, r) for r in run_ids]
+            repeated = sorted({r for r in run_ids if run_ids.count(r) > 1})
+            if repeated:
+                raise InputError(f"run {repeated[0]} is given twice: compare it with another run")
             runs = wh.frame(
                 "SELECT run_id, name FROM runs WHERE run_id IN (SELECT unnest(?))", [run_ids]
             )
@@ -618,38 +712,6 @@ def _beyond_python(series: pl.Series) -> bool:
         return False
     raw = series.cast(pl.Int64).drop_nulls()
     return bool(raw.len()) and (raw.min() < low or raw.max() > high)
-
-
-MIN_RUN_ID_PREFIX = 4
-
-
-def _full_run_id(wh, given: str) -> str:
-    """The run id ``given`` names: itself, or the one run id it is a prefix of (as git
-    resolves abbreviated commits); none or several is an error that says so."""
-    if wh.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [given]):
-        return given
-    matches = []
-    if len(given) >= MIN_RUN_ID_PREFIX:
-        matches = [
-            r[0]
-            for r in wh.con.execute(
-                "SELECT DISTINCT run_id FROM runs WHERE starts_with(run_id, ?) ORDER BY 1 LIMIT 6",
-                [given],
-            ).fetchall()
-        ]
-    if not matches:
-        shortest = (
-            f" (a prefix needs at least {MIN_RUN_ID_PREFIX} characters)"
-            if len(given) < MIN_RUN_ID_PREFIX
-            else ""
-        )
-        raise InputError(f"no run {given!r} in the warehouse{shortest}")
-    if len(matches) > 1:
-        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise InputError(
-            f"run id prefix {given!r} is ambiguous: it starts {shown}; give more characters"
-        )
-    return matches[0]
 
 
 class _Borrowed:

@@ -7,7 +7,7 @@ import json
 
 from audit.format import table
 from audit.rule_api import subject_label
-from audit.text import markdown_text
+from audit.text import counted, markdown_text
 from audit.text import terminal_safe as safe
 
 
@@ -179,8 +179,8 @@ def headline_lines(summary: dict) -> list[str]:
     share = f" = {wasted['share_pct']} % of ${spent['usd']:,.2f} spent" if spent["usd"] else ""
     lines = [
         f"wasted: ${wasted['usd']:,.2f} ({wasted['gpu_hours']:,.1f} GPU-h){share} on "
-        f"{spend['runs']} runs and {spend['jobs_without_run']} "
-        f"{'job' if spend['jobs_without_run'] == 1 else 'jobs'} without a run"
+        f"{counted(spend['runs'], 'run')} and {counted(spend['jobs_without_run'], 'job')} "
+        "without a run"
     ]
     idle = h["unallocated_capacity"]
     if idle["findings"]:
@@ -197,12 +197,12 @@ def headline_lines(summary: dict) -> list[str]:
     unknown = h["unknown_cost"]
     if unknown["findings"]:
         lines.append(
-            f"unknown cost: {unknown['findings']} findings ({unknown['run_hours']:,.2f} "
+            f"unknown cost: {counted(unknown['findings'], 'finding')} ({unknown['run_hours']:,.2f} "
             "run-hours) have no GPU count in any source; not included above"
         )
     if spend["runs_without_cost"]:
         lines.append(
-            f"spend excludes {spend['runs_without_cost']} runs with an unknown GPU count "
+            f"spend excludes {counted(spend['runs_without_cost'], 'run')} with an unknown GPU count "
             f"({spend['run_hours_without_cost']:,.2f} run-hours): see [cost] in audit.toml"
         )
     if spend["gpu_hours_at_fallback_price"]:
@@ -214,7 +214,7 @@ def headline_lines(summary: dict) -> list[str]:
     if evaluation["runs"]:
         lines.append(
             f"evaluation: {evaluation['gpu_hours']:,.1f} GPU-h, ${evaluation['usd']:,.2f} on "
-            f"{evaluation['runs']} evaluation runs (in the spend above), "
+            f"{counted(evaluation['runs'], 'evaluation run')} (in the spend above), "
             f"${evaluation['duplicate_usd']:,.2f} of it duplicates"
         )
     return lines

@@ -33,6 +33,7 @@ from audit.importers.run_store import (
 from audit.importers.search_index import refresh_search_tables
 from audit.progress import NoProgress, ProgressReporter
 from audit.redact import redact_frame
+from audit.text import counted
 from audit.warehouse import Warehouse
 from audit.warehouse.frames import execute_on_frame, insert_frame
 from audit.windows import now_utc
@@ -56,10 +57,11 @@ class ImportSummary:
 
     def line(self) -> str:
         return (
-            f"imported {self.runs_written} new or changed runs "
-            f"({self.runs_unchanged} unchanged) from {self.location}: "
-            f"{self.params} params, {self.tags} tags, {self.metric_points} metric points, "
-            f"{self.datasets} dataset inputs in {self.seconds:.2f} s"
+            f"imported {counted(self.runs_written, 'new or changed run')} "
+            f"({self.runs_unchanged:,} unchanged) from {self.location}: "
+            f"{counted(self.params, 'param')}, {counted(self.tags, 'tag')}, "
+            f"{counted(self.metric_points, 'metric point')}, "
+            f"{counted(self.datasets, 'dataset input')} in {self.seconds:.2f} s"
         )
 
     def as_dict(self) -> dict:

@@ -69,6 +69,7 @@ from audit.importers.prometheus.queries import (
 )
 from audit.importers.telemetry import VALID_RANGES
 from audit.progress import NoProgress, ProgressReporter
+from audit.text import counted
 from audit.warehouse.samples import resolution_text
 
 ORIGIN = "prometheus"
@@ -98,25 +99,23 @@ class PrometheusSummary:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    skipped_what = "bad values"
+    skipped_what = "bad value"
 
     def line(self) -> str:
-        fleet = f"{_count(self.gpus, 'GPU')} on {_count(self.hosts, 'host')}"
+        fleet = f"{counted(self.gpus, 'GPU')} on {counted(self.hosts, 'host')}"
         if not self.queries:
             return (
                 f"nothing to import from {self.location}: every host is imported up to "
                 f"--until already ({fleet}) in {self.seconds:.2f} s"
             )
-        skipped = f", skipped {len(self.skipped)} bad values" if self.skipped else ""
-        return (
-            f"imported {self.rows_written:,} GPU buckets ({resolution_text(ORIGIN, self.step)}, "
-            f"{self.exporter}) of {fleet} from {self.location} ({self.points:,} values in "
-            f"{_count(self.queries, 'query', 'queries')}{skipped}) in {self.seconds:.2f} s"
+        skipped = (
+            f", skipped {counted(len(self.skipped), self.skipped_what)}" if self.skipped else ""
         )
-
-
-def _count(number: int, one: str, many: str | None = None) -> str:
-    return f"{number:,} {one if number == 1 else many or one + 's'}"
+        return (
+            f"imported {counted(self.rows_written, 'GPU bucket')} ({resolution_text(ORIGIN, self.step)}, "
+            f"{self.exporter}) of {fleet} from {self.location} ({counted(self.points, 'value')} in "
+            f"{counted(self.queries, 'query')}{skipped}) in {self.seconds:.2f} s"
+        )
 
 
 # -- the import -------------------------------------------------------------------------------
