@@ -72,3 +72,18 @@ def epoch_seconds_to_ms(seconds) -> int | None:
     if number is None or not FIRST_MS <= number * 1000 < END_MS:
         return None
     return plausible_ms(round(number * 1000))
+
+
+def iso_to_ms(text) -> int | None:
+    """An ISO 8601 time as epoch milliseconds (a naive one is UTC, ``Z`` is accepted); None
+    for anything that is not one. Outside the plausible years the run writer leaves it
+    unknown, with a warning."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)

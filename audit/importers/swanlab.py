@@ -123,13 +123,10 @@ def _iso_ms(text, where: str) -> int | None:
         return None
     if not isinstance(text, str):
         raise InputError(f"{where}: a time that is not text: {str(text)[:40]!r}")
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(f"{where}: not an ISO time: {text[:40]!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)  # outside 1970-2200: left unknown, with a warning
+    ms = numbers.iso_to_ms(text)
+    if ms is None:
+        raise InputError(f"{where}: not an ISO time: {text[:40]!r}")
+    return ms  # outside 1970-2200: left unknown, with a warning
 
 
 def _check_header(path: Path) -> None:

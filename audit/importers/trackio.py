@@ -139,18 +139,6 @@ def _number(value) -> float | None:
         return None
 
 
-def _iso_ms(text) -> int | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)  # outside 1970-2200: left unknown, with a warning
-
-
 class _Store:
     """One project database: which runs it holds, and each run's rows."""
 
@@ -245,7 +233,7 @@ class TrackioSource(RunFolderSource):
         keys, values, steps, times = [], [], [], []
         for row_id, step, stamp, text in store.rows("metrics", "step, timestamp, metrics", key):
             records += 1
-            ms = _iso_ms(stamp)
+            ms = numbers.iso_to_ms(stamp)
             step = numbers.step(step, f"{where}: metrics row {row_id}")
             for name, value in _flat_numbers(_decoded(text, f"{where}: metrics row {row_id}")):
                 keys.append(name)
@@ -255,7 +243,7 @@ class TrackioSource(RunFolderSource):
         samples, system_times = [], []
         for row_id, stamp, text in store.rows("system_metrics", "timestamp, metrics", key):
             records += 1
-            ms = numbers.plausible_ms(_iso_ms(stamp))
+            ms = numbers.plausible_ms(numbers.iso_to_ms(stamp))
             system_times.append(ms)
             samples += _gpu_rows(_decoded(text, f"{where}: system_metrics row {row_id}"), ms)
         logged = [t for t in times + system_times if t is not None]
@@ -270,7 +258,7 @@ class TrackioSource(RunFolderSource):
             name=(_run_name(store, key) if store.by_id else None) or key,
             user_id=user if isinstance(user, str) and user else None,
             status=None,
-            start_ms=_iso_ms(config.get("_Created")) or min(logged, default=None),
+            start_ms=numbers.iso_to_ms(config.get("_Created")) or min(logged, default=None),
             end_ms=max(logged, default=None),
             artifact_uri=str(store.path),
             params=params,

@@ -612,7 +612,7 @@ def _fold_metadata_file(folder: Path, state: RunState) -> None:
     if state.gpu_count is None and isinstance(meta.get("gpu_count"), int):
         state.gpu_count = meta["gpu_count"]
     if state.start_ms is None:
-        state.start_ms = _iso_ms(meta.get("startedAt"))
+        state.start_ms = numbers.iso_to_ms(meta.get("startedAt"))
     devices = meta.get("gpu_nvidia") or meta.get("gpu_devices") or []
     if not state.gpus and isinstance(devices, list):
         for index, gpu in enumerate(devices):
@@ -646,18 +646,6 @@ def _read_json(path: Path, folder: Path):
     if not os.path.lexists(path):
         return None
     return parse_json(read_found_text(path, MAX_FILES_BYTES, "a W&B run file", folder), path)
-
-
-def _iso_ms(text) -> int | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)  # outside 1970-2200: left unknown, with a warning
 
 
 # -- from state to rows -----------------------------------------------------------------------
