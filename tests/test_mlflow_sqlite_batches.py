@@ -34,7 +34,7 @@ def test_text_after_two_thousand_null_tag_values_imports(tmp_path, run_cli):
         "--db", str(db), "ingest", "mlflow", "--tracking-uri", f"sqlite:///{store}"
     )
     assert code == 0, err
-    assert f"{nulls + 1} tags" in out
+    assert f"{nulls + 1:,} tags" in out
     with duckdb.connect(str(db), read_only=True) as warehouse:
         rows = warehouse.execute(
             "SELECT count(*) FILTER (value IS NULL), string_agg(value, ',') FROM tags"

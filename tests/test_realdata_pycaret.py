@@ -87,7 +87,7 @@ def test_pycaret_store_imports_completely(pycaret_store, run_cli, tmp_path):
     assert configs == 47  # measured independently in shared/realdata/README.md
     assert statuses == [("FINISHED", 416)]
     assert (
-        f"imported 416 new or changed runs (0 unchanged) from {pycaret_store}: {param_rows} params"
+        f"imported 416 new or changed runs (0 unchanged) from {pycaret_store}: {param_rows:,} params"
         in out
     )
 
