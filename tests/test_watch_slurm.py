@@ -160,7 +160,10 @@ def test_enforce_cancels_the_idle_job_only(parts):
     mail = next(
         m for m in inbox.mails if m["subject"].startswith(f"[audit watch] warning: job {idle}")
     )
-    assert "2 GPUs at $2.00/GPU-h (default (card model unknown)) = $4.00 for every hour" in mail["body"]
+    assert (
+        "2 GPUs at $2.00/GPU-h (default (card model unknown)) = $4.00 for every hour"
+        in mail["body"]
+    )
     assert f"scancel {idle}" in mail["body"] and "CANCELLED at" in mail["body"]
     # recorded: the warning period was kept
     rows = actions(db)
