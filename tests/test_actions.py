@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
 import audit
+from audit.text import counted
 from tests.helpers import audit_process, mlflow_server
 
 
@@ -320,7 +321,7 @@ def test_ctrl_c_during_prune_apply_finishes_the_entry_and_records_it(tmp_path, r
     done = len(manifest)
     assert 1 <= done < 10, f"{done} entries applied: the interrupt came too late to test"
     assert proc.returncode == 130, err
-    assert out.startswith(f"deleted {done} entries")
+    assert out.startswith(f"deleted {counted(done, 'entry')} (")
     assert err.strip() == (
         f"audit: interrupted; stopped after {done} of 10 entries, {10 - done} not touched; "
         "what was done is in the manifest and the warehouse"
@@ -339,7 +340,7 @@ def test_ctrl_c_during_prune_apply_finishes_the_entry_and_records_it(tmp_path, r
     assert (logged, left) == (done, 12 - done)
     # the same plan, applied again, finishes the job
     code, out, _ = run_cli(*base, "--apply", str(plan_file))
-    assert code == 0 and out.startswith(f"deleted {10 - done} entries")
+    assert code == 0 and out.startswith(f"deleted {counted(10 - done, 'entry')} (")
 
 
 def test_ctrl_c_between_two_entries_records_the_first_everywhere(prune_tree, run_cli, monkeypatch):

@@ -102,7 +102,8 @@ def test_a_pip_installed_importer_gets_its_command_and_the_loaders_care(
     code, out, err = run_cli("--db", str(db), "ingest", "acme", str(runs))
     assert code == 0, err
     assert out.startswith(
-        "imported 1 new or changed run, 0 unchanged: 2 params, 0 tags, 3 metric points"
+        "imported 1 new or changed run, 0 unchanged: 2 params, 0 tags, 3 metric points, "
+        "0 GPU samples from 1 file (1 file read) in "
     ), out
     assert rows(
         db, "SELECT s.kind, r.run_id, r.status FROM runs r JOIN sources s USING (source_id)"

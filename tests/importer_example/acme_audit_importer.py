@@ -17,8 +17,9 @@ from audit.importers.store_files import read_found_file
 
 class AcmeSource(RunFolderSource):
     kind = "acme"
-    noun = "runs"
-    read_what = "files"
+    noun = "run"
+    unit = "file"
+    read_what = "file"
     progress_label = "importing ACME runs"
     command_help = """Import ACME run files (<run>.acme.json).
 
