@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from audit.facts.evaluations import LEARNING_RATE_KEYS
 from audit.rule_api import RuleContext, Waste
 from audit.warehouse.latest import latest_values
 
 TRAINING_METHODS_EXCLUDED = ("eval", "evaluation", "inference", "baseline")
 
-# a run with a method, or with one of these params, is recognisably a training run
-LEARNING_RATE_KEYS = ("learning_rate", "*.learning_rate", "lr", "*.lr", "*_lr")
 
 # Words in metric names of common general-capability benchmarks: used only to tell the user
 # which of their metrics [metrics] general probably should match.
