@@ -252,6 +252,14 @@ class JobFacts:
         return subject
 
 
+def _streamed(result, batch: int = 50_000):
+    """The rows of a query result a batch at a time: ``fetchall`` of a million jobs holds
+    every row's tuple beside the facts built from them (1.1 GB more at peak at a million
+    jobs), and the freed tuples leave the facts' memory fragmented."""
+    while rows := result.fetchmany(batch):
+        yield from rows
+
+
 def team_of(order: list[str], tag: str | None, account: str | None, user: str | None):
     """The team and where it came from: the first known of ``order`` (tag, account, user)."""
     known = {"tag": tag, "account": account, "user": user}
@@ -376,8 +384,8 @@ class Facts:
             ) n ON n.cluster = j.cluster AND n.job_id = j.job_id
             ORDER BY j.start_time NULLS LAST, j.cluster, j.job_id
             """
-        ).fetchall()
-        for row in job_rows:
+        )
+        for row in _streamed(job_rows):
             cluster, job_id, name, user_name, account, partition, state, submit_time = row[:8]
             start_time, end_time, elapsed, timelimit_s, gpus, allocated_type = row[8:14]
             extras, only_host, all_hosts = row[14:-2], row[-2], row[-1]
@@ -425,7 +433,6 @@ class Facts:
                 )
             )
             jobs_by_key[(jobs[-1].cluster, job_id)] = (jobs[-1], allocated_type, host_model)
-        del job_rows
         runs: list[RunFacts] = []
         by_key: dict[tuple[str, str], RunFacts] = {}
         no_job = (None, None, None)
@@ -523,8 +530,8 @@ class Facts:
             ORDER BY r.start_time NULLS LAST, r.source_id, r.run_id
             """,
             [keys, keys, *pivoted, count_parts],
-        ).fetchall()
-        for row in run_rows:
+        )
+        for row in _streamed(run_rows):
             source_id, run_id, name, status, lifecycle_stage, start_time, end_time = row[:7]
             user_id, experiment_id, experiment, entry_point, parent_run_id = row[7:12]
             cluster, job_id, last_metric, sampled_gpus, active_gpus = row[12:17]
@@ -593,7 +600,6 @@ class Facts:
                 if len(job.run_ids) == 1:  # a job takes the attribution of its first run
                     job.team, job.team_source = team, team_source
                     job.method, job.base_model = fact.method, fact.base_model
-        del run_rows
         for job in jobs:
             if not job.run_ids:
                 job.team, job.team_source = team_of(order, None, job.account, job.user_name)

@@ -20,7 +20,7 @@ from audit.costs import Facts, JobFacts
 from audit.windows import Window
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # a million of them at a million jobs: no frozen __setattr__s
 class Wait:
     job: JobFacts
     since: datetime  # eligible time, else submit time

@@ -179,9 +179,13 @@ def owner_of(finding: Finding, facts: Facts) -> dict:
     user = None
     subject = finding.subject
     if subject.get("job_id"):
-        job = next(
-            (j for j in facts.jobs_by_id(str(subject["job_id"]))),
-            None,
+        job_id = str(subject["job_id"])
+        # a job's subject names its cluster: a lookup, not an index of every job by id
+        # (3.3 s at a million jobs for the ten ranked actions)
+        job = (
+            facts.job(str(subject["cluster"]), job_id)
+            if subject.get("cluster")
+            else next(iter(facts.jobs_by_id(job_id)), None)
         )
         user = job.user_name if job else None
     if user is None and subject.get("run_id"):

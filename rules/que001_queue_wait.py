@@ -73,8 +73,10 @@ class QueueWait(Rule):
         rows = by_team_and_partition(found)
         threshold = ctx.thresholds["team_gpu_hours_waited"]
         long_wait = ctx.thresholds["long_wait_hours"]
-        for team in sorted({w.team for w in found}):
-            mine = [w for w in found if w.team == team]
+        by_team: dict[str, list] = {}
+        for wait in found:
+            by_team.setdefault(wait.team, []).append(wait)
+        for team, mine in sorted(by_team.items()):
             blocked = []
             for wait in sorted(mine, key=lambda w: -w.hours):
                 if wait.hours < long_wait:
