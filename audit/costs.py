@@ -260,12 +260,15 @@ def _streamed(result, batch: int = 50_000):
         yield from rows
 
 
+TEAM_SOURCES = ("tag", "account", "user")
+
+
 def team_of(order: list[str], tag: str | None, account: str | None, user: str | None):
     """The team and where it came from: the first known of ``order`` (tag, account, user)."""
-    known = {"tag": tag, "account": account, "user": user}
-    for source in order:
-        if known.get(source):
-            return known[source], source
+    for source in order:  # called per job and run: no dict of the three (1 s a million)
+        value = tag if source == "tag" else account if source == "account" else user
+        if value and source in TEAM_SOURCES:
+            return value, source
     return None, None
 
 
@@ -279,6 +282,7 @@ class Facts:
         jobs: list[JobFacts],
         text: _TextPool | None = None,
         by_key: dict[tuple[str, str], RunFacts] | None = None,
+        jobs_by_key: dict[tuple[str, str], JobFacts] | None = None,
     ):
         self.config = config
         self.runs = runs
@@ -289,7 +293,7 @@ class Facts:
         self._keys = {key: key for key in self._runs}
         # the facts' strings, for the per-run tables rules build beside them (``shared``)
         self.text = text or _TextPool()
-        self._jobs = {j.key: j for j in jobs}
+        self._jobs = jobs_by_key if jobs_by_key is not None else {j.key: j for j in jobs}
         # both lists are ordered by start time, unknown starts last (``load``'s ORDER BY):
         # the runs or jobs started in a window are one slice, found by bisection
         self._run_starts = [r.start_time for r in runs if r.start_time is not None]
@@ -603,7 +607,9 @@ class Facts:
         for job in jobs:
             if not job.run_ids:
                 job.team, job.team_source = team_of(order, None, job.account, job.user_name)
-        return cls(config, runs, jobs, pool, by_key)
+        return cls(
+            config, runs, jobs, pool, by_key, {key: job for key, (job, _, _) in jobs_by_key.items()}
+        )
 
     def spend(self, window: Window) -> list[dict]:
         """What was paid for in the window: every GPU job once (by its start), plus runs

@@ -81,7 +81,7 @@ class IdleHost(Rule):
         in_clusters = {
             host for (host,) in ctx.con.execute("SELECT DISTINCT host FROM job_nodes").fetchall()
         }
-        of_hosts = f"{telemetry} AND host IN (SELECT host FROM audit_idle_host_group)"
+        readings_in_window, _ = ctx.window.condition("r.ts")
         stretches: list[dict] = []
         with materialised(ctx.con, "audit_allocation_hours", allocation_hours()):
             for hosts in partition_slices(sizes, SAMPLES_PER_QUERY):
@@ -89,10 +89,23 @@ class IdleHost(Rule):
                 ctx.con.register("audit_idle_host_group", group)
                 try:
                     stretches += ctx.rows(
+                        # The windows sort by an integer per GPU, and the rows they sort
+                        # carry integers and times only: host, GPU and model texts are
+                        # joined back onto the stretches (2.0 against 3.9 CPU-s a group of
+                        # 2.5 M five-minute buckets). A GPU is its (host, gpu) pair, whatever
+                        # series (origins, job labels) its readings came in.
                         f"""
-                        WITH samples AS (
-                            SELECT host, gpu, ts, {util_peak()} AS util, model FROM gpu_samples
-                            WHERE {of_hosts} AND isfinite(util_pct)
+                        WITH gpus AS (
+                            SELECT series, host, gpu,
+                                   dense_rank() OVER (ORDER BY host, gpu) AS gpu_key
+                            FROM gpu_series s
+                            WHERE NOT {logged_by_a_run("s")}
+                              AND host IN (SELECT host FROM audit_idle_host_group)
+                        ),
+                        samples AS (
+                            SELECT g.gpu_key, g.host, r.series, r.ts, {util_peak("r")} AS util
+                            FROM gpu_readings r JOIN gpus g USING (series)
+                            WHERE {readings_in_window} AND isfinite(r.util_pct)
                         ),
                         instants AS (SELECT DISTINCT host, ts FROM samples),
                         covered AS (
@@ -102,25 +115,36 @@ class IdleHost(Rule):
                              AND i.ts >= a.lo AND i.ts < a.hi
                         ),
                         flagged AS (
-                            SELECT s.*, c.host IS NULL AND s.util <= ? AS idle
+                            SELECT s.gpu_key, s.series, s.ts, s.util,
+                                   c.host IS NULL AND s.util <= ? AS idle
                             FROM samples s LEFT JOIN covered c ON c.host = s.host AND c.ts = s.ts
                         ),
                         marked AS (
                             SELECT *, CASE WHEN idle AND (NOT coalesce(lag(idle) OVER w, false)
                                                 OR ts - lag(ts) OVER w > to_minutes(CAST(? AS BIGINT)))
                                            THEN 1 ELSE 0 END AS starts
-                            FROM flagged WINDOW w AS (PARTITION BY host, gpu ORDER BY ts)
+                            FROM flagged WINDOW w AS (PARTITION BY gpu_key ORDER BY ts)
                         ),
                         numbered AS (
-                            SELECT *, sum(starts) OVER (PARTITION BY host, gpu ORDER BY ts) AS stretch
+                            SELECT *, sum(starts) OVER (
+                                PARTITION BY gpu_key ORDER BY ts
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+                            ) AS stretch
                             FROM marked
+                        ),
+                        stretches AS (
+                            SELECT gpu_key, min(ts) AS first_ts, max(ts) AS last_ts,
+                                   count(*) AS samples, max(util) AS max_util,
+                                   any_value(series) AS series
+                            FROM numbered WHERE idle GROUP BY gpu_key, stretch
+                            HAVING max(ts) - min(ts) >= to_minutes(CAST(? AS BIGINT))
                         )
-                        SELECT host, gpu, min(ts) AS first_ts, max(ts) AS last_ts,
-                               count(*) AS samples, max(util) AS max_util,
-                               any_value(model) AS model
-                        FROM numbered WHERE idle GROUP BY host, gpu, stretch
-                        HAVING max(ts) - min(ts) >= to_minutes(CAST(? AS BIGINT))
-                        ORDER BY host, first_ts, gpu
+                        SELECT g.host, g.gpu, t.first_ts, t.last_ts, t.samples, t.max_util,
+                               m.model
+                        FROM stretches t
+                        JOIN (SELECT DISTINCT gpu_key, host, gpu FROM gpus) g USING (gpu_key)
+                        JOIN gpu_series m ON m.series = t.series
+                        ORDER BY g.host, t.first_ts, g.gpu
                         """,
                         [
                             *params,
