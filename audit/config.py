@@ -10,8 +10,11 @@ import copy
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -401,16 +404,242 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) and abs(value) < 1e15 else f"{value:g}"
 
 
+def _matching(name: str, globs: tuple[str, ...]) -> str | None:
+    return next((g for g in globs if fnmatchcase(name, g)), None)
+
+
+# Typed, frozen sections: what the code reads, built once from the validated values (lists
+# become tuples, tables read-only mappings). Their fields are SCHEMA's keys (a test holds
+# them equal); defaults, types and ranges live in SCHEMA, which docs/configuration.md is
+# generated from.
+@dataclass(frozen=True)
+class PricesSection:
+    gpu_hour_usd: Mapping[str, float]
+    by_cluster: Mapping[str, Mapping[str, float]]
+    storage_gb_month_usd: float
+
+
+# the benchmark kinds of [metrics], in the order ``kind_of`` tries them
+BENCHMARK_KINDS = ("red_lines", "general", "target")
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    general: tuple[str, ...]
+    target: tuple[str, ...]
+    red_lines: tuple[str, ...]
+    red_line_tolerances: Mapping[str, float]
+    higher_is_better: tuple[str, ...]
+    lower_is_better: tuple[str, ...]
+    loss: tuple[str, ...]
+    grad_norm: tuple[str, ...]
+    kl: tuple[str, ...]
+    entropy: tuple[str, ...]
+    reward: tuple[str, ...]
+    truncation: tuple[str, ...]
+    policy_clip: tuple[str, ...]
+    shift: tuple[str, ...]
+    reference_kl: tuple[str, ...]
+
+    def globs(self, kind: str) -> tuple[str, ...]:
+        """The globs of one kind of metric (``general``, ``loss``, ``reference_kl`` ...)."""
+        return getattr(self, kind)
+
+    def matches(self, name: str, kind: str) -> bool:
+        return _matching(name, self.globs(kind)) is not None
+
+    def kind_of(self, name: str) -> str | None:
+        """The benchmark kind of a metric: a red line, a general or a target benchmark."""
+        return next((k for k in BENCHMARK_KINDS if self.matches(name, k)), None)
+
+    def direction_of(self, name: str) -> tuple[str, str] | None:
+        """(``higher_is_better`` or ``lower_is_better``, the glob) when the config states
+        the metric's direction; the statement wins over the name (audit/facts/direction.py)."""
+        for key in ("lower_is_better", "higher_is_better"):
+            glob = _matching(name, self.globs(key))
+            if glob is not None:
+                return key, glob
+        return None
+
+    def red_line_tolerance(self, name: str) -> float:
+        """The allowed drop of a red-line metric: the first glob of red_line_tolerances
+        that matches it, else 0 (RED001 and ``audit gate`` agree)."""
+        glob = _matching(name, tuple(self.red_line_tolerances))
+        return 0.0 if glob is None else float(self.red_line_tolerances[glob])
+
+
+@dataclass(frozen=True)
+class AttributionSection:
+    team_tag: str
+    team_order: tuple[str, ...]
+    method_keys: tuple[str, ...]
+    base_model_keys: tuple[str, ...]
+    baseline_tag: str
+    eval_methods: tuple[str, ...]
+    sft_methods: tuple[str, ...]
+    rl_methods: tuple[str, ...]
+    distillation_methods: tuple[str, ...]
+    teacher_keys: tuple[str, ...]
+    dataset_keys: tuple[str, ...]
+    family_keys: tuple[str, ...]
+    evaluated_model_keys: tuple[str, ...]
+    ignore_tag: str
+    volatile_params: tuple[str, ...]
+
+    def is_evaluation_method(self, method: str | None) -> bool:
+        """A method whose runs evaluate a model (audit.facts.evaluations.EvaluationRuns
+        adds what the records tell)."""
+        return (method or "") in self.eval_methods
+
+
+@dataclass(frozen=True)
+class CostSection:
+    gpu_count_keys: tuple[str, ...]
+    gpu_list_keys: tuple[str, ...]
+    gpu_type_keys: tuple[str, ...]
+    default_gpus_per_run: float
+    default_gpu_type: str
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    timezone: str
+
+
+@dataclass(frozen=True)
+class EvaluationsSection:
+    general_tasks: tuple[str, ...]
+    base_models: Mapping[str, str]
+    training_run_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MaterialitySection:
+    min_gpu_hours: float
+    min_run_hours: float
+    min_gb: float
+    medium_gpu_hours: float
+    high_gpu_hours: float
+    medium_gb: float
+    high_gb: float
+    families: Mapping[str, Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class ShiftSection:
+    min_history: int
+    far_above: Mapping[str, float]
+    min_cell_runs: int
+    min_method_runs: int
+
+
+@dataclass(frozen=True)
+class LinksSection:
+    job_tag_keys: tuple[str, ...]
+    time_slack_minutes: float
+    path_prefixes: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class MlflowSection:
+    tracking_url: str
+    http_timeout_seconds: float
+    http_max_retries: int
+    http_backoff_seconds: float
+    page_size: int
+    http_concurrency: int
+    max_response_mb: float
+
+
+@dataclass(frozen=True)
+class SqlSection:
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class PrometheusSection:
+    exporter: str
+    metrics: Mapping[str, Any]
+    labels: Mapping[str, Any]
+    resolution: Mapping[str, str]
+    max_points_per_series: int
+    max_points_per_query: int
+    concurrency: int
+    timeout_seconds: float
+    max_retries: int
+    backoff_seconds: float
+    max_response_mb: float
+
+
+SECTIONS: dict[str, type] = {
+    "prices": PricesSection,
+    "metrics": MetricsSection,
+    "attribution": AttributionSection,
+    "cost": CostSection,
+    "cluster": ClusterSection,
+    "evaluations": EvaluationsSection,
+    "materiality": MaterialitySection,
+    "shift": ShiftSection,
+    "links": LinksSection,
+    "mlflow": MlflowSection,
+    "sql": SqlSection,
+    "prometheus": PrometheusSection,
+}
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    return value
+
+
 @dataclass
 class Config:
-    """Validated configuration, with defaults filled in."""
+    """Validated configuration, with defaults filled in: typed sections (``config.metrics``,
+    ``config.attribution`` ...) over ``values``, the settings as validated (hashed by
+    ``digest``)."""
 
     values: dict[str, dict[str, Any]]
     path: Path | None = None
     raw_text: str = field(default="", repr=False)
+    prices: PricesSection = field(init=False, repr=False)
+    metrics: MetricsSection = field(init=False, repr=False)
+    attribution: AttributionSection = field(init=False, repr=False)
+    cost: CostSection = field(init=False, repr=False)
+    cluster: ClusterSection = field(init=False, repr=False)
+    evaluations: EvaluationsSection = field(init=False, repr=False)
+    materiality: MaterialitySection = field(init=False, repr=False)
+    shift: ShiftSection = field(init=False, repr=False)
+    links: LinksSection = field(init=False, repr=False)
+    mlflow: MlflowSection = field(init=False, repr=False)
+    sql: SqlSection = field(init=False, repr=False)
+    prometheus: PrometheusSection = field(init=False, repr=False)
 
-    def get(self, section: str, key: str) -> Any:
-        return self.values[section][key]
+    def __post_init__(self) -> None:
+        for name, section in SECTIONS.items():
+            table = {key: _frozen(value) for key, value in self.values[name].items()}
+            setattr(self, name, section(**table))
+
+    @property
+    def rules(self) -> Mapping[str, Mapping[str, Any]]:
+        """``[rules.CODE]`` tables as written (audit.rule_registry checks them)."""
+        return self.values["rules"]
+
+    @property
+    def suppress(self) -> tuple[dict[str, str], ...]:
+        return tuple(self.values["suppress"])
+
+    @property
+    def watch(self) -> WatchSettings:
+        return self.values["watch"]
+
+    def with_rule_settings(self, code: str, **settings: Any) -> Config:
+        """A copy whose ``[rules.CODE]`` table has ``settings`` on top of what it says."""
+        rules = {**copy.deepcopy(self.values["rules"])}
+        rules[code] = {**rules.get(code, {}), **settings}
+        return replace(self, values={**self.values, "rules": rules})
 
     @property
     def digest(self) -> str:
@@ -432,7 +661,7 @@ class Config:
 
     @property
     def timezone(self) -> ZoneInfo:
-        return ZoneInfo(self.values["cluster"]["timezone"])
+        return ZoneInfo(self.cluster.timezone)
 
 
 def _check_prices(table: dict, where: str) -> None:

@@ -20,7 +20,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from audit.config import Config
@@ -475,10 +474,10 @@ class RuleContext:
 
     @property
     def storage_price(self) -> float:
-        return float(self.config.values["prices"]["storage_gb_month_usd"])
+        return float(self.config.prices.storage_gb_month_usd)
 
     def metric_globs(self, kind: str) -> list[str]:
-        return list(self.config.values["metrics"][kind])
+        return list(self.config.metrics.globs(kind))
 
     def matches(self, key: str, kind: str) -> bool:
-        return any(fnmatchcase(key, g) for g in self.metric_globs(kind))
+        return self.config.metrics.matches(key, kind)

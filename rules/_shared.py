@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from audit.facts.checkpoints import warehouse_checkpoints
-from audit.facts.evaluations import Evaluations
+from audit.facts.evaluations import EvaluationRuns, Evaluations, shared_evaluation_runs
 from audit.facts.shift import Shifts, shared_shifts
 from audit.recipes import Recipes, shared_recipes
 from audit.rule_api import RuleContext
@@ -15,9 +15,17 @@ def recipes(ctx: RuleContext) -> Recipes:
     return shared_recipes(ctx.con, ctx.config, ctx.facts, ctx.shared)
 
 
+def evaluation_runs(ctx: RuleContext) -> EvaluationRuns:
+    """Which runs evaluate a model rather than train one (``audit.facts.evaluations``), once."""
+    return shared_evaluation_runs(ctx.con, ctx.config, ctx.facts, ctx.shared)
+
+
 def evaluations(ctx: RuleContext) -> Evaluations:
     """Every evaluation and the links between models (``audit.facts.evaluations``), once."""
-    return ctx.once(("evaluations",), lambda: Evaluations(ctx.con, ctx.config, ctx.facts))
+    return ctx.once(
+        ("evaluations",),
+        lambda: Evaluations(ctx.con, ctx.config, ctx.facts, evaluation_runs(ctx)),
+    )
 
 
 def shifts(ctx: RuleContext) -> Shifts:

@@ -58,7 +58,7 @@ class ForgettingRiskFromDistance(Rule):
     severity = Severity.LOW
     severity_from_impact = False  # a risk read from history, never a certainty
     family_label = "distribution shift"
-    reads_shared = frozenset({"facts", "recipes", "evaluations", "shifts"})
+    reads_shared = frozenset({"evaluation runs", "facts", "recipes", "evaluations", "shifts"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     recommendation = (
         "Evaluate general ability now (audit gate against the base model); for data this far "
@@ -102,7 +102,7 @@ class ForgettingRiskFromDistance(Rule):
         if unplaced:
             ctx.note(
                 f"{unplaced} SFT run{'s' if unplaced > 1 else ''} not placed: fewer than "
-                f"{ctx.config.values['shift']['min_history']} runs of their base model and "
+                f"{ctx.config.shift.min_history} runs of their base model and "
                 "measure, or one task only, and no [shift] far_above set"
             )
 

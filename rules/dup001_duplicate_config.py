@@ -78,7 +78,7 @@ class DuplicateConfig(Rule):
     recommendation = "Search history before launching (audit runs similar --fail-if-exists); reuse the earlier run's result."
 
     def check(self, ctx: RuleContext):
-        volatile = list(ctx.config.values["attribution"]["volatile_params"])
+        volatile = list(ctx.config.attribution.volatile_params)
         gap = ctx.thresholds["batch_gap_minutes"] * 60
         repeated = ctx.once(
             ("DUP001 repeats", tuple(volatile), gap), lambda: _repeated_configs(ctx, volatile, gap)
@@ -284,7 +284,7 @@ def _repeated_configs(ctx: RuleContext, volatile: list[str], gap: float) -> list
     """Every configuration run more than once over all history, in signature order: its
     launches, the runs that repeat the original, and the original (the same for every
     window, so a report's weekly scans group the history once)."""
-    ignore_tag = ctx.config.values["attribution"]["ignore_tag"]
+    ignore_tag = ctx.config.attribution.ignore_tag
     by_params: dict[str, list[tuple[RunFacts, str, str]]] = {}
     for row in ctx.rows(SIGNATURES_SQL, {"volatile": volatile, "ignore_tag": ignore_tag}):
         run = ctx.facts.run(row["source_id"], row["run_id"])

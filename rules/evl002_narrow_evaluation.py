@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
+from audit.text import counted
 from audit.windows import iso_week
 
 from ._metrics import general_values
@@ -40,7 +41,7 @@ class NarrowEvaluation(Rule):
     name = "narrow-evaluation"
     severity = Severity.LOW
     family_label = "evaluation cost"
-    reads_shared = frozenset({"facts", "general values", "recipes"})
+    reads_shared = frozenset({"evaluation runs", "facts", "general values", "recipes"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "min_general_benchmarks": Threshold(
@@ -83,8 +84,9 @@ class NarrowEvaluation(Rule):
             yield self.finding(
                 subject={"experiment": experiment, "week": week},
                 message=(
-                    f"{len(runs)} training run(s) of experiment {experiment!r} started in {week} "
-                    f"were judged by fewer than {minimum} general benchmarks: {names}"
+                    f"{counted(len(runs), 'training run')} of experiment {experiment!r} started "
+                    f"in {week} {'was' if len(runs) == 1 else 'were'} judged by fewer than "
+                    f"{minimum} general benchmarks: {names}"
                 ),
                 evidence={
                     "general_metric_globs": globs,

@@ -46,7 +46,7 @@ class DominatedRun(Rule):
     severity_from_impact = False  # a hint: a cheaper recipe did as well, no waste claimed
     severity = Severity.INFO
     family_label = "method matrix"
-    reads_shared = frozenset({"facts", "recipes"})
+    reads_shared = frozenset({"evaluation runs", "facts", "recipes"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "cost_ratio": Threshold(

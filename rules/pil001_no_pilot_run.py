@@ -53,6 +53,7 @@ class NoPilotRun(Rule):
     reads_shared = frozenset(
         {
             "PIL001 families",
+            "evaluation runs",
             "facts",
             "recipes",
             "regressed-runs",

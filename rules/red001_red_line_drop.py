@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from audit.recipes import red_line_tolerance
 from audit.rule_api import Rule, RuleContext, Severity, Skip
+from audit.text import counted
 
 from ._metrics import cost_after_crossing, crossing_point, lookalike_metrics
 from ._shared import recipes
@@ -68,7 +68,7 @@ class RedLineDrop(Rule):
     severity_from_impact = False  # a model that cannot ship, whatever the hours
     severity = Severity.CRITICAL
     family_label = "red-line metrics"
-    reads_shared = frozenset({"RED001 unheld", "facts", "recipes"})
+    reads_shared = frozenset({"evaluation runs", "RED001 unheld", "facts", "recipes"})
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     recommendation = (
         "Stop the run, mix safety data in and gate every evaluation on the red lines (audit gate)."
@@ -101,7 +101,7 @@ class RedLineDrop(Rule):
                 if direction is None:
                     unknown.add(metric)
                     continue
-                allowed = red_line_tolerance(ctx.config, metric)
+                allowed = ctx.config.metrics.red_line_tolerance(metric)
                 gain = direction.improvement(reference[metric], values[metric])
                 if gain < -allowed - 1e-12:
                     drops[metric] = {
@@ -125,8 +125,9 @@ class RedLineDrop(Rule):
                 f" and {len(runs) - 3} more" if len(runs) > 3 else ""
             )
             ctx.note(
-                f"{len(runs)} run(s) of base model {base_model!r} with red-line metrics have no "
-                f"baseline logging them ({names}): evaluate the base model on the red lines"
+                f"{counted(len(runs), 'run')} of base model {base_model!r} with red-line metrics "
+                f"{'has' if len(runs) == 1 else 'have'} no baseline logging them ({names}): "
+                "evaluate the base model on the red lines"
             )
 
     def _finding(self, ctx, run, baseline, reference, drops):

@@ -51,7 +51,7 @@ class UnmonitoredGeneralAbility(Rule):
     name = "unmonitored-general-ability"
     severity = Severity.MEDIUM
     family_label = "unmonitored regression"
-    reads_shared = frozenset({"facts", "evaluations"})
+    reads_shared = frozenset({"evaluation runs", "facts", "evaluations"})
     needs = {"runs": "no runs imported"}
     thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
     recommendation = (

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from audit.facts.evaluations import headline_tasks
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.text import counted
 
 from ._metrics import cost_after_crossing, crossing_point, general_values
 from ._shared import evaluations, recipes
@@ -58,14 +59,16 @@ class GeneralRegression(Rule):
     severity_from_impact = False  # a model that cannot ship, whatever the hours
     severity = Severity.HIGH
     family_label = "unmonitored regression"
-    reads_shared = frozenset({"facts", "general values", "recipes", "evaluations"})
+    reads_shared = frozenset(
+        {"evaluation runs", "facts", "general values", "recipes", "evaluations"}
+    )
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {"tolerance": Threshold(0.02, "allowed absolute drop below the baseline", 0, 1)}
     recommendation = "Gate training on general benchmarks (audit gate) and lower the learning rate or mix in general data."
 
     def check(self, ctx: RuleContext):
         tolerance = ctx.thresholds["tolerance"]
-        baseline_tag = ctx.config.values["attribution"]["baseline_tag"]
+        baseline_tag = ctx.config.attribution.baseline_tag
         found = recipes(ctx)  # baselines: the earliest active tagged run per base model
         baselines = found.baselines
         values = general_values(ctx)
@@ -224,8 +227,10 @@ class GeneralRegression(Rule):
             yield self.finding(
                 subject={"base_model": base_model},
                 message=(
-                    f"{len(runs)} run(s) with general metrics have no baseline run for base model "
-                    f"{base_model!r} ({examples}{more}): their regressions cannot be judged"
+                    f"{counted(len(runs), 'run')} with general metrics "
+                    f"{'has' if len(runs) == 1 else 'have'} no baseline run for base model "
+                    f"{base_model!r} ({examples}{more}): "
+                    f"{'its regressions' if len(runs) == 1 else 'their regressions'} cannot be judged"
                 ),
                 evidence={
                     "base_model": base_model,

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold, Waste
+from audit.text import counted
 
 from ._metrics import lookalike_metrics
+from ._shared import evaluation_runs
 from ._stability import (
     KINDS,
     LOOKALIKE_WORDS,
@@ -70,7 +72,9 @@ class UnstableTraining(Rule):
     name = "unstable-training"
     severity = Severity.HIGH
     family_label = "unstable training"
-    reads_shared = frozenset({"facts", "stability-points", "stability-series", "unstable-runs"})
+    reads_shared = frozenset(
+        {"evaluation runs", "facts", "stability-points", "stability-series", "unstable-runs"}
+    )
     needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
     thresholds = {
         "warmup_points": Threshold(
@@ -149,10 +153,11 @@ class UnstableTraining(Rule):
                 "Set those keys to the names your trainer logs"
             )
         unstable = unstable_runs(ctx)
-        eval_methods = set(ctx.config.values["attribution"]["eval_methods"])
+        # an evaluation run's loss curve is not a training instability
+        evaluates = evaluation_runs(ctx).is_evaluation_run
         for run in ctx.facts.runs_in(ctx.window):
             signals = unstable.get(run.key)
-            if not signals or (run.method or "") in eval_methods:
+            if not signals or evaluates(run):
                 continue
             first = signals[0]
             points = series_points(ctx)[run.key][first.metric]
@@ -160,7 +165,7 @@ class UnstableTraining(Rule):
             if span is None:
                 continue  # stopped within the grace: what should happen
             after, went, how = span
-            more = f"; {len(signals) - 1} more signal(s)" if len(signals) > 1 else ""
+            more = f"; {counted(len(signals) - 1, 'more signal')}" if len(signals) > 1 else ""
             evidence = {
                 "signals": [s.as_json() for s in signals],
                 "chart": {

@@ -322,7 +322,7 @@ def sql_command(app: AppContext, query, fmt, timeout) -> None:
     Example:
       audit sql "select key, count(*) from params group by key order by 2 desc limit 10"
     """
-    timeout = timeout if timeout is not None else app.config.get("sql", "timeout_seconds")
+    timeout = timeout if timeout is not None else app.config.sql.timeout_seconds
     frame = _registry(app).sql(query, timeout)
     emit(frame, fmt, empty=f"no rows ({', '.join(frame.columns)})" if frame.columns else "no rows")
 

@@ -270,7 +270,7 @@ class Registry:
         ignore: list[str] | None = None,
         limit: int = 10,
     ) -> Similar:
-        skip = set(self.config.values["attribution"]["volatile_params"]) | set(ignore or [])
+        skip = set(self.config.attribution.volatile_params) | set(ignore or [])
         with self._open() as wh:
             if run_id is not None:
                 run_id = resolve_run_id(wh, run_id)
@@ -297,11 +297,11 @@ class Registry:
                     "SELECT DISTINCT key FROM params ORDER BY key LIMIT ?", [MAX_LOGGED_KEYS]
                 ).fetchall()
             ]
-            attribution = self.config.values["attribution"]
+            attribution = self.config.attribution
             matched = match_keys(
                 list(query),
                 logged,
-                [tuple(attribution[k]) for k in SAME_SETTING_KEYS],
+                [getattr(attribution, k) for k in SAME_SETTING_KEYS],
             )
             by_text = normalised_texts([str(v) for v in query.values()])
             normalised = {k: by_text[str(v)][1] for k, v in query.items()}
@@ -432,7 +432,7 @@ class Registry:
 
         loaded = Facts.load(wh.con, self.config)
         facts = {r.key: r for r in loaded.runs}
-        general, target = (self.config.values["metrics"][k] for k in ("general", "target"))
+        general, target = self.config.metrics.general, self.config.metrics.target
         metrics = wh.frame(
             "SELECT source_id, run_id, key, value FROM latest_metrics WHERE run_id IN (SELECT unnest(?))",
             [runs["run_id"].to_list()],

@@ -101,7 +101,7 @@ class Watch:
     ):
         self.db = db
         self.config = config
-        self.settings: WatchSettings = config.values["watch"]
+        self.settings: WatchSettings = config.watch
         self.enforce = enforce
         self.echo, self.err = echo, err
         self.notifier = Notifier(self.settings.notify)
