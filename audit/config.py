@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -587,11 +586,31 @@ SECTIONS: dict[str, type] = {
 }
 
 
+class Table(Mapping):
+    """A read-only table of a section (a TOML table); unlike ``MappingProxyType`` it can be
+    copied and pickled with the config."""
+
+    def __init__(self, data: dict) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Table({self._data!r})"
+
+
 def _frozen(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(value)
     if isinstance(value, dict):
-        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+        return Table({k: _frozen(v) for k, v in value.items()})
     return value
 
 
