@@ -71,6 +71,11 @@ class Threshold:
     maximum: float | None = None
     unit: str = ""
 
+    @classmethod
+    def percent(cls, default: float, help: str) -> Threshold:
+        """A share in per cent: from 0 to 100."""
+        return cls(default, help, 0, 100, "%")
+
     def validate(self, value: Any, where: str) -> float:
         if (
             isinstance(value, bool)
@@ -135,6 +140,19 @@ _SUBJECT_NAMES = (
     "base_model",
     "team",
 )
+
+
+def run_entry(run: Any, **details: Any) -> dict:
+    """One run in a finding's evidence: its id and name, ``details``, and its cost (GPU-hours,
+    run-hours, the basis) as every rule lists it."""
+    return {
+        "run_id": run.run_id,
+        "name": run.name,
+        **details,
+        "gpu_hours": None if run.cost.gpu_hours is None else round(run.cost.gpu_hours, 3),
+        "run_hours": None if run.run_hours is None else round(run.run_hours, 4),
+        "cost_basis": run.cost.basis,
+    }
 
 
 def subject_label(subject: dict) -> str:
@@ -323,6 +341,24 @@ class Skip(Exception):
     (and, when the configuration does not fit the data, what the data holds instead)."""
 
 
+# What a rule's ``needs`` says when a table is empty: one wording per table
+EMPTY_TABLES = {
+    "runs": "no runs imported",
+    "metrics": "no metrics imported",
+    "params": "no run params imported",
+    "jobs": "no Slurm jobs imported",
+    "checkpoints": "no checkpoint folders imported",
+    "gpu_samples": "no GPU telemetry imported",
+    "dataset_inputs": "no dataset inputs imported",
+}
+
+
+def needing(*tables: str, **why: str) -> dict[str, str]:
+    """A rule's ``needs``: each of ``tables`` with what is missing when it is empty, then
+    ``why`` (table -> the rule's own wording)."""
+    return {**{table: EMPTY_TABLES[table] for table in tables}, **why}
+
+
 class Rule:
     """Base class of every rule. Subclasses set the class attributes and ``check``."""
 
@@ -412,6 +448,15 @@ class Rule:
             recommendation=fields.pop("recommendation", self.recommendation),
             **fields,
         )
+
+    def run_finding(
+        self, run: Any, message: str, evidence: dict, cost: Waste | None = None, **fields: Any
+    ) -> Finding:
+        """A finding about one run: its id and name as the subject, its team, method and
+        cost basis (``finding``'s owner), at its start unless ``happened_at`` says when."""
+        fields.setdefault("happened_at", run.start_time)
+        subject = {"run_id": run.run_id, "run_name": run.name}
+        return self.finding(subject, message, evidence, cost, owner=run, **fields)
 
 
 @dataclass

@@ -37,6 +37,7 @@ import polars as pl
 
 from audit.costs import Cost, Facts, JobFacts, RunFacts
 from audit.heap import long_lived
+from audit.text import listed
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
 from audit.warehouse.samples import (
     in_window,
@@ -379,7 +380,7 @@ class Unjudged:
                 notes.extend(note for _, _, note in group)
                 continue
             examples = ", ".join(
-                f"{alloc.label} ({_hosts_named(use.hosts)})" if use.hosts else alloc.label
+                f"{alloc.label} ({listed(use.hosts, 3)})" if use.hosts else alloc.label
                 for alloc, use, _ in group[:NOTE_EXAMPLES]
             )
             notes.append(
@@ -387,11 +388,6 @@ class Unjudged:
                 f"and {len(group) - NOTE_EXAMPLES:,} more"
             )
         return notes
-
-
-def _hosts_named(hosts: list[str], shown: int = 3) -> str:
-    more = f" and {len(hosts) - shown} more" if len(hosts) > shown else ""
-    return ", ".join(hosts[:shown]) + more
 
 
 def _allocations_counted(group: list[tuple[Allocation, Usage, str]]) -> str:

@@ -3,13 +3,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from audit.rule_api import Rule, RuleContext, Severity, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Waste, needing, run_entry
 from audit.text import counted
 
 from ._shared import evaluations
+from .families import EvaluationCost
 
 
-class DuplicateEvaluation(Rule):
+class DuplicateEvaluation(EvaluationCost, Rule):
     """The same model was evaluated on the same tasks with the same settings more than once.
 
     What it detects:
@@ -47,9 +48,8 @@ class DuplicateEvaluation(Rule):
     code = "EVL001"
     name = "duplicate-evaluation"
     severity = Severity.MEDIUM
-    family_label = "evaluation cost"
     reads_shared = frozenset({"evaluation runs", "facts", "evaluations"})
-    needs = {"runs": "no runs imported"}
+    needs = needing("runs")
     recommendation = "Cache evaluation results by model revision, task and settings, and look them up before evaluating again."
 
     def check(self, ctx: RuleContext):
@@ -126,17 +126,7 @@ class DuplicateEvaluation(Rule):
                     "name": original.name,
                     "start": original.start_time,
                 },
-                "duplicates": [
-                    {
-                        "run_id": r.run_id,
-                        "name": r.name,
-                        "start": r.start_time,
-                        "gpu_hours": r.cost.gpu_hours,
-                        "run_hours": None if r.run_hours is None else round(r.run_hours, 4),
-                        "cost_basis": r.cost.basis,
-                    }
-                    for r in duplicates
-                ],
+                "duplicates": [run_entry(r, start=r.start_time) for r in duplicates],
                 "formula": formula,
             },
             cost=replace(waste, basis="; ".join(sorted({r.cost.basis for r in duplicates}))),

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Skip
-from audit.text import counted
+from audit.rule_api import Rule, RuleContext, Severity, Skip, needing
+from audit.text import counted, listed
 
 from ._metrics import cost_after_crossing, crossing_point, lookalike_metrics
 from ._shared import recipes
@@ -69,7 +69,7 @@ class RedLineDrop(Rule):
     severity = Severity.CRITICAL
     family_label = "red-line metrics"
     reads_shared = frozenset({"evaluation runs", "RED001 unheld", "facts", "recipes"})
-    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    needs = needing("runs", "metrics")
     recommendation = (
         "Stop the run, mix safety data in and gate every evaluation on the red lines (audit gate)."
     )
@@ -121,9 +121,7 @@ class RedLineDrop(Rule):
                 "unknown; set [metrics] higher_is_better or lower_is_better to match it"
             )
         for base_model, runs in sorted(unjudged.items(), key=lambda kv: str(kv[0])):
-            names = ", ".join(repr(r.name) for r in runs[:3]) + (
-                f" and {len(runs) - 3} more" if len(runs) > 3 else ""
-            )
+            names = listed((repr(r.name) for r in runs), 3)
             ctx.note(
                 f"{counted(len(runs), 'run')} of base model {base_model!r} with red-line metrics "
                 f"{'has' if len(runs) == 1 else 'have'} no baseline logging them ({names}): "
@@ -142,8 +140,8 @@ class RedLineDrop(Rule):
         }
         waste = cost_after_crossing(run, crossing, evidence, "drop")
         more = f"; {len(drops)} red-line metrics dropped" if len(drops) > 1 else ""
-        return self.finding(
-            subject={"run_id": run.run_id, "run_name": run.name},
+        return self.run_finding(
+            run,
             message=(
                 f"run {run.name!r}: red line {worst_metric} {worst['baseline']:.3f} → "
                 f"{worst['current']:.3f} ({worst['change']:+.3f}; {worst['better']} is better, "
@@ -151,8 +149,6 @@ class RedLineDrop(Rule):
             ),
             evidence=evidence,
             cost=waste,
-            owner=run,
-            happened_at=run.start_time,
         )
 
 

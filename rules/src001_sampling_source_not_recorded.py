@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
-from audit.text import counted
+from audit.rule_api import Rule, RuleContext, Severity, needing
+from audit.text import counted, listed
 from audit.windows import iso_week
 
 from ._metrics import runs_with_learning_rate
-from ._shared import recipes
+from ._shared import SHORT_RUN, recipes
 
 
 class SamplingSourceNotRecorded(Rule):
@@ -47,8 +47,8 @@ class SamplingSourceNotRecorded(Rule):
     reads_shared = frozenset(
         {"evaluation runs", "facts", "learning-rate runs", "recipes", "teacher runs"}
     )
-    needs = {"runs": "no runs imported"}
-    thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
+    needs = needing("runs")
+    thresholds = {"min_run_minutes": SHORT_RUN}
     recommendation = "Log the training method (and, for distillation, the teacher model) as params."
 
     def check(self, ctx: RuleContext):
@@ -98,9 +98,7 @@ class SamplingSourceNotRecorded(Rule):
             if no_teacher:
                 parts.append(f"{counted(len(no_teacher), 'distillation run')} without a teacher")
             teams = {r.team for r, _ in runs}
-            names = ", ".join(repr(r.name) for r, _ in runs[:5]) + (
-                f" and {len(runs) - 5} more" if len(runs) > 5 else ""
-            )
+            names = listed(repr(r.name) for r, _ in runs)
             yield self.finding(
                 subject={"experiment": experiment, "week": week},
                 message=(

@@ -32,6 +32,7 @@ from audit.facts.direction import Direction, Directions
 from audit.facts.shift import shift_of_runs
 from audit.query.run_ids import find_run_id, resolve_run_id
 from audit.rule_registry import effective_thresholds, get_rule
+from audit.text import listed
 from audit.warehouse import open_warehouse
 
 
@@ -145,9 +146,7 @@ def _shift(wh, run_id: str, config: Config) -> dict | None:
 
 def _listed(keys, shown: int = 8) -> str:
     """Metric names for a message: the first few in order, then how many more."""
-    names = sorted(keys)
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
+    return listed(sorted(keys), shown)
 
 
 def _refuse_unknown_directions(metrics: list[str], directions: Directions, what: str) -> None:

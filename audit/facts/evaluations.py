@@ -42,6 +42,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
+from functools import cached_property
 
 from audit.config import AttributionSection, Config
 from audit.costs import Facts, RunFacts
@@ -622,6 +623,13 @@ class Evaluations:
                     break
                 path = parent
         return None
+
+    @cached_property
+    def monitored_runs(self) -> frozenset[tuple]:
+        """The training runs whose model was evaluated on a general-ability task, by any
+        link (REG001 and DSH001 judge the others)."""
+        runs = (self.training_run(e) for e in self.all if e.general)
+        return frozenset(run.key for run in runs if run is not None)
 
     def base_of(self, model: str | None, adapter: str | None = None) -> str | None:
         """The model a fine-tuned ``model`` was tuned from, or None when nothing says."""

@@ -20,6 +20,7 @@ from audit.config import Config
 from audit.costs import team_of
 from audit.facts.prices import gpu_price
 from audit.importers.slurm_live import LiveJobs
+from audit.text import listed
 from audit.warehouse.frames import execute_on_frame
 from audit.warehouse.samples import util_peak
 from audit.watch.settings import Policy, WatchSettings
@@ -316,8 +317,8 @@ def _judge_job(policy, job, pairs, rows, caveat, now, stale, config, verdicts) -
     missing = [f"{h}/{g}" for h, g in pairs if (h, g) not in rows]
     if missing:
         verdicts.notes.append(
-            f"{policy.name}: job {job.job_id} not judged: no telemetry from GPU {missing[0]}"
-            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+            f"{policy.name}: job {job.job_id} not judged: no telemetry from GPU "
+            + listed(missing, 1)
         )
         return
     late = [(h, g) for h, g in pairs if now - rows[(h, g)]["last_ts"] > stale]
