@@ -199,6 +199,10 @@ class RunFacts:
         """Whether the run is placed in time (else its points are placed by step only)."""
         return self.start_time is not None
 
+    def subject(self) -> dict:
+        """What a finding about the run names it by."""
+        return {"run_id": self.run_id, "run_name": self.name}
+
 
 # The jobs columns that rules read beyond JobFacts' own fields: the queue wait's start
 # (QUE001) and sacct's and jobstats' usage figures (audit.usage). Only these are kept per

@@ -89,14 +89,19 @@ class Threshold:
             raise InputError(f"{where} must be ≤ {self.maximum}, got {value}")
         return value
 
-    def describe(self) -> str:
+    def bounds(self) -> str:
+        """The valid range as text: "≥ 0, ≤ 100" (empty when any number will do)."""
         bounds = []
         if self.minimum is not None:
             bounds.append(f"≥ {self.minimum:g}")
         if self.maximum is not None:
             bounds.append(f"≤ {self.maximum:g}")
+        return ", ".join(bounds)
+
+    def describe(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        return f"default {self.default:g}{unit}" + (f" ({', '.join(bounds)})" if bounds else "")
+        bounds = self.bounds()
+        return f"default {self.default:g}{unit}" + (f" ({bounds})" if bounds else "")
 
 
 # The findings table's columns, in order: Finding.to_row and Finding.from_row are the only
@@ -455,8 +460,7 @@ class Rule:
         """A finding about one run: its id and name as the subject, its team, method and
         cost basis (``finding``'s owner), at its start unless ``happened_at`` says when."""
         fields.setdefault("happened_at", run.start_time)
-        subject = {"run_id": run.run_id, "run_name": run.name}
-        return self.finding(subject, message, evidence, cost, owner=run, **fields)
+        return self.finding(run.subject(), message, evidence, cost, owner=run, **fields)
 
 
 @dataclass

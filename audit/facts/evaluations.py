@@ -443,7 +443,7 @@ class Evaluations:
                 continue
             self._with_results.add(run.key)
             values = params.get(run.key, {})
-            model, revision, adapter, label = self._model_and_label(values)
+            identity = self._model_and_label(values)
             settings = _settings(
                 n_shot=n_shot,
                 limit=limit,
@@ -455,20 +455,9 @@ class Evaluations:
             )
             key = (run.key, task)
             if key not in grouped:
-                grouped[key] = Evaluation(
-                    run,
-                    model,
-                    revision,
-                    adapter,
-                    task,
-                    settings,
-                    source="results file",
-                    general=self.is_general(task),
-                    at=run.start_time,
-                    task_hash=task_hash or None,
-                    label=label,
+                grouped[key] = self._evaluation(
+                    run, identity, task, settings, "results file", task_hash=task_hash or None
                 )
-                self.all.append(grouped[key])
             grouped[key].results[(metric, lm_filter or "")] = Result(value, better, stderr)
             grouped[key].is_group = grouped[key].is_group or bool(is_group)
 
@@ -498,8 +487,27 @@ class Evaluations:
             else:
                 self._add_training_evals(run, metrics)
 
+    def _evaluation(self, run, identity, task, settings, source: str, **extra) -> Evaluation:
+        """A new evaluation of ``run`` (``identity``: model, revision, adapter, label), kept."""
+        model, revision, adapter, label = identity
+        evaluation = Evaluation(
+            run,
+            model,
+            revision,
+            adapter,
+            task,
+            settings,
+            source=source,
+            general=self.is_general(task),
+            at=run.start_time,
+            label=label,
+            **extra,
+        )
+        self.all.append(evaluation)
+        return evaluation
+
     def _add_tracker(self, run, values, metrics, parsed, source: str) -> None:
-        model, revision, adapter, label = self._model_and_label(values)
+        identity = self._model_and_label(values)
         settings = _settings(
             n_shot=values.get("num_fewshot"),
             limit=values.get("limit"),
@@ -514,19 +522,8 @@ class Evaluations:
                 continue
             evaluation = by_task.get(task)
             if evaluation is None:
-                evaluation = by_task[task] = Evaluation(
-                    run,
-                    model,
-                    revision,
-                    adapter,
-                    task,
-                    settings,
-                    source=source,
-                    general=self.is_general(task),
-                    at=run.start_time,
-                    label=label,
-                )
-                self.all.append(evaluation)
+                evaluation = self._evaluation(run, identity, task, settings, source)
+                by_task[task] = evaluation
             evaluation.results[(metric, lm_filter)] = Result(metrics[key])
 
     def _add_training_evals(self, run: RunFacts, metrics: dict[str, float]) -> None:
