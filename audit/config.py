@@ -238,9 +238,10 @@ class MetricsSection:
     def matches(self, name: str, kind: str) -> bool:
         return _matching(name, self.globs(kind)) is not None
 
-    def kind_of(self, name: str) -> str | None:
-        """The benchmark kind of a metric: a red line, a general or a target benchmark."""
-        return next((k for k in BENCHMARK_KINDS if self.matches(name, k)), None)
+    def kind_of(self, name: str, kinds: tuple[str, ...] = BENCHMARK_KINDS) -> str | None:
+        """The first of ``kinds`` whose globs match the metric: by default whether it is a
+        red line, a general or a target benchmark."""
+        return next((k for k in kinds if self.matches(name, k)), None)
 
     def direction_of(self, name: str) -> tuple[str, str] | None:
         """(``higher_is_better`` or ``lower_is_better``, the glob) when the config states
