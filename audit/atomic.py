@@ -15,6 +15,7 @@ torn; readers skip a torn last line, and the next append first ends it with a ne
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -237,3 +238,26 @@ def _write_error(path: Path, exc: OSError, appending: bool = False) -> InputErro
     if appending:
         return InputError(f"cannot append to {path}: {why}; the records before are intact")
     return InputError(f"cannot write {path}: {why}; the previous file, if any, is unchanged")
+
+
+@contextlib.contextmanager
+def warehouse_lock(db: Path, name: str, busy: str):
+    """An exclusive lock on ``<warehouse>.<name>-lock`` while the block runs, holding this
+    process's id; when another process holds it, InputError ``busy`` (a format string with
+    ``{holder}``, that process's id, and ``{lock}``, the lock file)."""
+    lock_path = Path(f"{db}.{name}-lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise InputError(f"{lock_path}: cannot open the {name} lock ({exc.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise InputError(busy.format(holder=holder, lock=lock_path)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -10,7 +10,9 @@ import copy
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,8 +23,6 @@ from audit.watch.settings import WatchSettings, validate_watch
 DEFAULT_CONFIG_NAME = "audit.toml"
 TEAM_SOURCES = ("tag", "account", "user")
 
-# section -> key -> (expected python type(s), default). A nested dict default means the
-# key holds a free-form table whose values are validated by their consumer.
 # Metric names of training-stability signals, exact keys as each framework logs them:
 # TRL GRPO/PPO (`kl`, `entropy`, `reward`, `completions/clipped_ratio`,
 # `clip_ratio/region_mean`; `objective/*`, `policy/*` for PPO), verl (`actor/*`,
@@ -113,287 +113,6 @@ STABILITY_METRICS = {
     ],
 }
 
-SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
-    "prices": {
-        # card name -> USD per GPU-hour, over the catalogue of audit/facts/prices.py
-        # (keys read like card names: "H100", "A100 80GB"); "default" for unknown cards
-        "gpu_hour_usd": ((dict,), {}),
-        # cluster -> {card name -> USD per GPU-hour}: a cluster's own prices first
-        "by_cluster": ((dict,), {}),
-        "storage_gb_month_usd": ((int, float), 0.023),  # object storage list price per GB-month
-    },
-    "metrics": {
-        "general": ((list,), ["eval/general/*"]),  # globs: general-capability benchmarks
-        "target": ((list,), ["eval/target/*"]),  # globs: the task being trained for
-        # globs: metrics that must never drop below the baseline (safety, refusal, ...);
-        # higher is better, tolerance 0 unless red_line_tolerances gives one
-        "red_lines": ((list,), ["eval/safety/*"]),
-        # glob -> allowed absolute drop for the red lines it matches (first match wins)
-        "red_line_tolerances": ((dict,), {}),
-        # globs of metrics whose direction the name does not tell (or tells wrong): an
-        # explicit statement wins over the name (audit/facts/direction.py)
-        "higher_is_better": ((list,), []),
-        "lower_is_better": ((list,), []),
-        # Training-stability series (STB001). Defaults cover the names TRL (HF Trainer adds
-        # train/ when it logs to W&B, not to MLflow), verl, OpenRLHF and NeMo-RL log.
-        "loss": ((list,), STABILITY_METRICS["loss"]),
-        "grad_norm": ((list,), STABILITY_METRICS["grad_norm"]),
-        "kl": ((list,), STABILITY_METRICS["kl"]),
-        "entropy": ((list,), STABILITY_METRICS["entropy"]),
-        "reward": ((list,), STABILITY_METRICS["reward"]),
-        "truncation": ((list,), STABILITY_METRICS["truncation"]),
-        "policy_clip": ((list,), STABILITY_METRICS["policy_clip"]),
-        # globs: a distribution-shift measure the team logs itself (a probe-set KL to the
-        # base model, the base model's perplexity on the data): audit/facts/shift.py
-        "shift": ((list,), []),
-        # the KL to the reference or teacher policy (not [metrics] kl: verl's actor/ppo_kl is
-        # one update's step, old policy to new, and says nothing of the distance travelled)
-        "reference_kl": ((list,), REFERENCE_KL),
-    },
-    "attribution": {
-        "team_tag": ((str,), "team"),  # run tag naming the team
-        # where a run's or job's team comes from, first known wins: the run tag team_tag,
-        # the Slurm account, the user (spend and waste are attributed the same way)
-        "team_order": ((list,), ["tag", "account", "user"]),
-        "method_keys": ((list,), ["method", "training_method"]),  # param or tag: sft / rl / opd
-        # verl names the model it starts from model.partial_pretrain (SFT trainer) and
-        # actor_rollout_ref.model.path (PPO/GRPO trainer)
-        "base_model_keys": (
-            (list,),
-            [
-                "base_model",
-                "model_name_or_path",
-                "model.partial_pretrain",
-                "actor_rollout_ref.model.path",
-            ],
-        ),
-        "baseline_tag": ((str,), "audit.baseline"),
-        # methods whose runs evaluate a model instead of training one
-        "eval_methods": ((list,), ["eval", "evaluation"]),
-        # methods that train on a fixed external dataset (SFT) and methods that sample the
-        # model's own distribution (RL): what audit/facts/shift.py measures each by
-        "sft_methods": ((list,), ["sft", "lora", "qlora", "finetune", "fine-tune", "full"]),
-        "rl_methods": (
-            (list,),
-            ["rl", "grpo", "ppo", "rloo", "dapo", "reinforce", "reinforce++", "online-dpo"],
-        ),
-        # methods that learn from a teacher model, and where the teacher is recorded
-        "distillation_methods": ((list,), ["opd", "distill", "distillation", "kd", "gkd"]),
-        "teacher_keys": (
-            (list,),
-            ["teacher", "teacher_model", "teacher_model_name_or_path", "teacher_name_or_path"],
-        ),
-        # a run's training data when no dataset input is logged: the first param or tag set
-        "dataset_keys": ((list,), ["dataset", "dataset_name", "data.train_files", "train_file"]),
-        # what makes two runs the same recipe at another size (PIL001): method, base_model
-        # and dataset as attributed, any other name a param or tag
-        "family_keys": ((list,), ["method", "base_model", "dataset"]),
-        # the model or checkpoint an evaluation run evaluated: the first param or tag set
-        "evaluated_model_keys": (
-            (list,),
-            [
-                "checkpoint",
-                "checkpoint_path",
-                "model_path",
-                "model_name_or_path",
-                "pretrained",
-                "model",
-                "base_model",
-            ],
-        ),
-        "ignore_tag": ((str,), "audit.ignore"),
-        # params that name where or how a run was launched, not what it trained
-        "volatile_params": (
-            (list,),
-            [
-                "output_dir",
-                "logging_dir",
-                "run_name",
-                "report_to",
-                "hub_model_id",
-                "push_to_hub",
-                "logging_steps",
-                "save_steps",
-                "eval_steps",
-                "save_total_limit",
-                "overwrite_output_dir",
-                "dataloader_num_workers",
-                "resume_from_checkpoint",
-                "num_gpus",
-                "world_size",
-                "local_rank",
-            ],
-        ),
-    },
-    "cost": {
-        # GPU count of a run without a Slurm job or a GPU list: the first of these params
-        # or tags that holds a positive whole number; "a*b" multiplies two keys. Defaults
-        # cover HF/torchrun, verl (trainer.*), NeMo-RL (cluster.*) and OpenRLHF naming.
-        "gpu_count_keys": (
-            (list,),
-            [
-                "num_gpus",
-                "n_gpus",
-                "n_gpu",
-                "gpu_count",
-                "trainer.n_gpus_per_node*trainer.nnodes",
-                "cluster.gpus_per_node*cluster.num_nodes",
-                "actor_num_gpus_per_node*actor_num_nodes",
-                "nproc_per_node*nnodes",
-                "nproc_per_node",
-                "num_processes",
-                "world_size",
-            ],
-        ),
-        # the GPU list a run recorded itself (params or tags): the GPUs it was given
-        "gpu_list_keys": (
-            (list,),
-            ["CUDA_VISIBLE_DEVICES", "env.CUDA_VISIBLE_DEVICES", "cuda_visible_devices"],
-        ),
-        "gpu_type_keys": ((list,), ["gpu_type", "gpu_name", "gpu_model"]),
-        # assumed for runs with no other evidence; 0 leaves their cost unknown
-        "default_gpus_per_run": ((int, float), 0),
-        "default_gpu_type": ((str,), ""),
-    },
-    "cluster": {
-        "timezone": ((str,), "UTC"),
-    },
-    # What evaluations mean (audit/facts/evaluations.py)
-    "evaluations": {
-        # tasks that measure general ability (globs over lm-eval task names): the REG rules
-        # work on evaluations of these with no [metrics] globs
-        "general_tasks": (
-            (list,),
-            [
-                "mmlu*",
-                "hendrycksTest-*",
-                "arc*",
-                "hellaswag*",
-                "winogrande*",
-                "gsm8k*",
-                "ifeval*",
-                "truthfulqa*",
-                "bbh*",
-                "gpqa*",
-                "musr*",
-                "math*",
-                "minerva_math*",
-                "hendrycks_math*",
-                "piqa",
-                "boolq",
-                "openbookqa",
-                "commonsense_qa",
-                "social_iqa",
-                "siqa",
-                "lambada*",
-                "agieval*",
-                "drop",
-                "triviaqa",
-                "nq_open",
-                "humaneval*",
-                "mbpp*",
-                "leaderboard_*",
-                "bigbench*",
-                "race",
-                "sciq",
-                "logiqa*",
-                "copa",
-                "anli*",
-            ],
-        ),
-        # fine-tuned model -> the model it was tuned from, where names do not tell
-        "base_models": ((dict,), {}),
-        # params or tags of an evaluation run that name the training run it evaluated
-        "training_run_keys": (
-            (list,),
-            ["training_run_id", "train_run_id", "source_run_id", "audit.evaluates_run"],
-        ),
-    },
-    # Findings under these floors are summed per rule and team, not listed; severity follows
-    # the impact (audit/materiality.py says why each default is what it is).
-    "materiality": {
-        "min_gpu_hours": ((int, float), 1.0),
-        "min_run_hours": ((int, float), 0.5),
-        "min_gb": ((int, float), 1.0),
-        "medium_gpu_hours": ((int, float), 10.0),
-        "high_gpu_hours": ((int, float), 100.0),
-        "medium_gb": ((int, float), 100.0),
-        "high_gb": ((int, float), 1000.0),
-        # family (e.g. "DUP") -> {min_gpu_hours, min_run_hours, min_gb}
-        "families": ((dict,), {}),
-    },
-    # Distribution shift and the method matrix (audit/facts/shift.py says why each is so)
-    "shift": {
-        # runs of a base model and measure below which the team's own history is too thin
-        # to place a run (the whole warehouse's history of the base model is used instead)
-        "min_history": ((int,), 5),
-        # measure kind ("base_loss", "kl", "explicit") -> the value above which a run is far
-        # when there is no history to compare with (a team's own knowledge; none by default)
-        "far_above": ((dict,), {}),
-        # a cell of the method matrix recommends a method from this many runs with a
-        # measured outcome, and a method from this many of its own
-        "min_cell_runs": ((int,), 3),
-        "min_method_runs": ((int,), 2),
-    },
-    "links": {
-        "job_tag_keys": ((list,), ["slurm_job_id", "slurm.job_id", "SLURM_JOB_ID"]),
-        "time_slack_minutes": ((int, float), 5),
-        # paths as logged on the cluster -> where the same files are seen from here
-        "path_prefixes": ((dict,), {}),
-    },
-    "mlflow": {
-        "tracking_url": ((str,), ""),  # MLflow UI base URL for run links in reports
-        "http_timeout_seconds": ((int, float), 30),
-        "http_max_retries": ((int,), 5),
-        "http_backoff_seconds": ((int, float), 0.5),
-        "page_size": ((int,), 1000),
-        # requests to a tracking server at a time: searches of separate experiments and
-        # metric-history requests overlap, bounded so a shared server is not flooded
-        "http_concurrency": ((int,), 4),
-        "max_response_mb": ((int, float), 512),  # a larger answer is refused, not buffered
-    },
-    "sql": {
-        "timeout_seconds": ((int, float), 60),  # `audit sql` stops a query after this long
-    },
-    # audit ingest prometheus (checked by audit.importers.prometheus.exporters)
-    "prometheus": {
-        # auto (the first found of dcgm, jobstats, nvidia_gpu_exporter), one of them, or
-        # custom (metrics.util and the others below)
-        "exporter": ((str,), "auto"),
-        # field -> metric name, times or divided by a factor into %, MiB, W or J:
-        # util, util_alt, mem_used, mem_free, mem_total, power, energy
-        "metrics": ((dict,), {}),
-        # field -> label names tried in order: host, gpu, uuid, model, job, pod, namespace, mig
-        "labels": ((dict,), {}),
-        # window length -> bucket width, for a first import without --step
-        "resolution": ((dict,), {"1d": "1m", "7d": "5m", "longer": "15m"}),
-        "max_points_per_series": ((int,), 11_000),  # Prometheus' own limit per query
-        "max_points_per_query": ((int,), 500_000),  # the sample budget of one query
-        "concurrency": ((int,), 4),
-        "timeout_seconds": ((int, float), 60),  # one request, answer included
-        "max_retries": ((int,), 3),
-        "backoff_seconds": ((int, float), 0.5),
-        "max_response_mb": ((int, float), 256),
-    },
-}
-
-
-# Numeric settings: the range each must lie in (inclusive; finite always), and what it
-# is in a message. A NaN, infinite, negative or absurd value ends in exit 2 naming the key:
-# unchecked, NaN slack and a negative backoff ended in internal errors, an infinite price
-# made the JSON report invalid and a negative one showed -$291 M of waste.
-RANGES: dict[tuple[str, str], tuple[float, float, str]] = {
-    ("prices", "storage_gb_month_usd"): (0, 1e6, "a price in USD per GB-month"),
-    ("cost", "default_gpus_per_run"): (0, 1_000_000, "a GPU count (0: unknown)"),
-    ("links", "time_slack_minutes"): (0, 525_600, "a number of minutes"),
-    ("mlflow", "http_timeout_seconds"): (0.001, 86_400, "a number of seconds"),
-    ("mlflow", "http_max_retries"): (0, 100, "a number of retries"),
-    ("mlflow", "http_backoff_seconds"): (0, 3_600, "a number of seconds"),
-    ("mlflow", "page_size"): (1, 100_000, "a number of items per page"),
-    ("mlflow", "http_concurrency"): (1, 64, "a number of requests at a time"),
-    ("mlflow", "max_response_mb"): (0.001, 1_000_000, "a number of megabytes"),
-    ("sql", "timeout_seconds"): (0.001, 1e9, "a number of seconds"),
-}
 GPU_PRICE_MAX = 1e6  # USD per GPU-hour
 
 
@@ -401,16 +120,456 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) and abs(value) < 1e15 else f"{value:g}"
 
 
+def _matching(name: str, globs: tuple[str, ...]) -> str | None:
+    return next((g for g in globs if fnmatchcase(name, g)), None)
+
+
+class Table(Mapping):
+    """A read-only table of a section (a TOML table); unlike ``MappingProxyType`` it can be
+    copied and pickled with the config."""
+
+    def __init__(self, data: dict) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Table({self._data!r})"
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    if isinstance(value, dict | Table):
+        return Table({k: _frozen(v) for k, v in value.items()})
+    return value
+
+
+def _key(types: tuple[type, ...], default: Any, bounds: tuple | None = None) -> Any:
+    """A key of a section: the TOML types it takes, its default as written in TOML, and for
+    numbers the range it must lie in (inclusive; finite always) and what it is in a message."""
+    return field(
+        default_factory=lambda: _frozen(default),
+        metadata={"types": types, "default": default, "range": bounds},
+    )
+
+
+def texts(*default: str) -> Any:
+    """A list of strings (globs, key names, methods)."""
+    return _key((list,), list(default))
+
+
+def text(default: str) -> Any:
+    return _key((str,), default)
+
+
+def table(default: dict | None = None) -> Any:
+    """A TOML table, checked key by key where the section says how."""
+    return _key((dict,), default or {})
+
+
+def number(default: float, low: float | None = None, high: float | None = None, what: str = ""):
+    return _key((int, float), default, None if low is None else (low, high, what))
+
+
+def whole(default: int, low: float | None = None, high: float | None = None, what: str = ""):
+    return _key((int,), default, None if low is None else (low, high, what))
+
+
+# The sections of audit.toml: every key with its type, its default and its range, declared
+# once. The code reads them typed and frozen (lists as tuples, tables as read-only
+# mappings), built once from the validated file; SCHEMA and RANGES below, and the
+# configuration reference (docs/configuration.md, `make docs`), come from these.
+@dataclass(frozen=True)
+class PricesSection:
+    # card name -> USD per GPU-hour, over the catalogue of audit/facts/prices.py (keys read
+    # like card names: "H100", "A100 80GB"); "default" for unknown cards
+    gpu_hour_usd: Mapping[str, float] = table()
+    # cluster -> {card name -> USD per GPU-hour}: a cluster's own prices first
+    by_cluster: Mapping[str, Mapping[str, float]] = table()
+    # object storage list price per GB-month
+    storage_gb_month_usd: float = number(0.023, 0, 1e6, "a price in USD per GB-month")
+
+
+# the benchmark kinds of [metrics], in the order ``kind_of`` tries them
+BENCHMARK_KINDS = ("red_lines", "general", "target")
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    general: tuple[str, ...] = texts("eval/general/*")  # globs: general-capability benchmarks
+    target: tuple[str, ...] = texts("eval/target/*")  # globs: the task being trained for
+    # globs: metrics that must never drop below the baseline (safety, refusal, ...); higher
+    # is better, tolerance 0 unless red_line_tolerances gives one
+    red_lines: tuple[str, ...] = texts("eval/safety/*")
+    # glob -> allowed absolute drop for the red lines it matches (first match wins)
+    red_line_tolerances: Mapping[str, float] = table()
+    # globs of metrics whose direction the name does not tell (or tells wrong): an explicit
+    # statement wins over the name (audit/facts/direction.py)
+    higher_is_better: tuple[str, ...] = texts()
+    lower_is_better: tuple[str, ...] = texts()
+    # Training-stability series (STB001). Defaults cover the names TRL (HF Trainer adds
+    # train/ when it logs to W&B, not to MLflow), verl, OpenRLHF and NeMo-RL log.
+    loss: tuple[str, ...] = texts(*STABILITY_METRICS["loss"])
+    grad_norm: tuple[str, ...] = texts(*STABILITY_METRICS["grad_norm"])
+    kl: tuple[str, ...] = texts(*STABILITY_METRICS["kl"])
+    entropy: tuple[str, ...] = texts(*STABILITY_METRICS["entropy"])
+    reward: tuple[str, ...] = texts(*STABILITY_METRICS["reward"])
+    truncation: tuple[str, ...] = texts(*STABILITY_METRICS["truncation"])
+    policy_clip: tuple[str, ...] = texts(*STABILITY_METRICS["policy_clip"])
+    # globs: a distribution-shift measure the team logs itself (a probe-set KL to the base
+    # model, the base model's perplexity on the data): audit/facts/shift.py
+    shift: tuple[str, ...] = texts()
+    # the KL to the reference or teacher policy (not [metrics] kl: verl's actor/ppo_kl is one
+    # update's step, old policy to new, and says nothing of the distance travelled)
+    reference_kl: tuple[str, ...] = texts(*REFERENCE_KL)
+
+    def globs(self, kind: str) -> tuple[str, ...]:
+        """The globs of one kind of metric (``general``, ``loss``, ``reference_kl`` ...)."""
+        return getattr(self, kind)
+
+    def matches(self, name: str, kind: str) -> bool:
+        return _matching(name, self.globs(kind)) is not None
+
+    def kind_of(self, name: str, kinds: tuple[str, ...] = BENCHMARK_KINDS) -> str | None:
+        """The first of ``kinds`` whose globs match the metric: by default whether it is a
+        red line, a general or a target benchmark."""
+        return next((k for k in kinds if self.matches(name, k)), None)
+
+    def direction_of(self, name: str) -> tuple[str, str] | None:
+        """(``higher_is_better`` or ``lower_is_better``, the glob) when the config states
+        the metric's direction; the statement wins over the name (audit/facts/direction.py)."""
+        for key in ("lower_is_better", "higher_is_better"):
+            glob = _matching(name, self.globs(key))
+            if glob is not None:
+                return key, glob
+        return None
+
+    def red_line_tolerance(self, name: str) -> float:
+        """The allowed drop of a red-line metric: the first glob of red_line_tolerances
+        that matches it, else 0 (RED001 and ``audit gate`` agree)."""
+        glob = _matching(name, tuple(self.red_line_tolerances))
+        return 0.0 if glob is None else float(self.red_line_tolerances[glob])
+
+
+@dataclass(frozen=True)
+class AttributionSection:
+    team_tag: str = text("team")  # run tag naming the team
+    # where a run's or job's team comes from, first known wins: the run tag team_tag, the
+    # Slurm account, the user (spend and waste are attributed the same way)
+    team_order: tuple[str, ...] = texts(*TEAM_SOURCES)
+    # param or tag: sft / rl / opd
+    method_keys: tuple[str, ...] = texts("method", "training_method")
+    # verl names the model it starts from model.partial_pretrain (SFT trainer) and
+    # actor_rollout_ref.model.path (PPO/GRPO trainer)
+    base_model_keys: tuple[str, ...] = texts(
+        "base_model", "model_name_or_path", "model.partial_pretrain", "actor_rollout_ref.model.path"
+    )
+    baseline_tag: str = text("audit.baseline")
+    # methods whose runs evaluate a model instead of training one
+    eval_methods: tuple[str, ...] = texts("eval", "evaluation")
+    # methods that train on a fixed external dataset (SFT) and methods that sample the
+    # model's own distribution (RL): what audit/facts/shift.py measures each by
+    sft_methods: tuple[str, ...] = texts("sft", "lora", "qlora", "finetune", "fine-tune", "full")
+    rl_methods: tuple[str, ...] = texts(
+        "rl", "grpo", "ppo", "rloo", "dapo", "reinforce", "reinforce++", "online-dpo"
+    )
+    # methods that learn from a teacher model, and where the teacher is recorded
+    distillation_methods: tuple[str, ...] = texts("opd", "distill", "distillation", "kd", "gkd")
+    teacher_keys: tuple[str, ...] = texts(
+        "teacher", "teacher_model", "teacher_model_name_or_path", "teacher_name_or_path"
+    )
+    # a run's training data when no dataset input is logged: the first param or tag set
+    dataset_keys: tuple[str, ...] = texts(
+        "dataset", "dataset_name", "data.train_files", "train_file"
+    )
+    # what makes two runs the same recipe at another size (PIL001): method, base_model and
+    # dataset as attributed, any other name a param or tag
+    family_keys: tuple[str, ...] = texts("method", "base_model", "dataset")
+    # the model or checkpoint an evaluation run evaluated: the first param or tag set
+    evaluated_model_keys: tuple[str, ...] = texts(
+        "checkpoint",
+        "checkpoint_path",
+        "model_path",
+        "model_name_or_path",
+        "pretrained",
+        "model",
+        "base_model",
+    )
+    ignore_tag: str = text("audit.ignore")
+    # params that name where or how a run was launched, not what it trained
+    volatile_params: tuple[str, ...] = texts(
+        "output_dir",
+        "logging_dir",
+        "run_name",
+        "report_to",
+        "hub_model_id",
+        "push_to_hub",
+        "logging_steps",
+        "save_steps",
+        "eval_steps",
+        "save_total_limit",
+        "overwrite_output_dir",
+        "dataloader_num_workers",
+        "resume_from_checkpoint",
+        "num_gpus",
+        "world_size",
+        "local_rank",
+    )
+
+    def is_evaluation_method(self, method: str | None) -> bool:
+        """A method whose runs evaluate a model (audit.facts.evaluations.EvaluationRuns
+        adds what the records tell)."""
+        return (method or "") in self.eval_methods
+
+
+@dataclass(frozen=True)
+class CostSection:
+    # GPU count of a run without a Slurm job or a GPU list: the first of these params or tags
+    # that holds a positive whole number; "a*b" multiplies two keys. Defaults cover
+    # HF/torchrun, verl (trainer.*), NeMo-RL (cluster.*) and OpenRLHF naming.
+    gpu_count_keys: tuple[str, ...] = texts(
+        "num_gpus",
+        "n_gpus",
+        "n_gpu",
+        "gpu_count",
+        "trainer.n_gpus_per_node*trainer.nnodes",
+        "cluster.gpus_per_node*cluster.num_nodes",
+        "actor_num_gpus_per_node*actor_num_nodes",
+        "nproc_per_node*nnodes",
+        "nproc_per_node",
+        "num_processes",
+        "world_size",
+    )
+    # the GPU list a run recorded itself (params or tags): the GPUs it was given
+    gpu_list_keys: tuple[str, ...] = texts(
+        "CUDA_VISIBLE_DEVICES", "env.CUDA_VISIBLE_DEVICES", "cuda_visible_devices"
+    )
+    gpu_type_keys: tuple[str, ...] = texts("gpu_type", "gpu_name", "gpu_model")
+    # assumed for runs with no other evidence; 0 leaves their cost unknown
+    default_gpus_per_run: float = number(0, 0, 1_000_000, "a GPU count (0: unknown)")
+    default_gpu_type: str = text("")
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    timezone: str = text("UTC")
+
+
+# What evaluations mean (audit/facts/evaluations.py)
+@dataclass(frozen=True)
+class EvaluationsSection:
+    # tasks that measure general ability (globs over lm-eval task names): the REG rules work
+    # on evaluations of these with no [metrics] globs
+    general_tasks: tuple[str, ...] = texts(
+        "mmlu*",
+        "hendrycksTest-*",
+        "arc*",
+        "hellaswag*",
+        "winogrande*",
+        "gsm8k*",
+        "ifeval*",
+        "truthfulqa*",
+        "bbh*",
+        "gpqa*",
+        "musr*",
+        "math*",
+        "minerva_math*",
+        "hendrycks_math*",
+        "piqa",
+        "boolq",
+        "openbookqa",
+        "commonsense_qa",
+        "social_iqa",
+        "siqa",
+        "lambada*",
+        "agieval*",
+        "drop",
+        "triviaqa",
+        "nq_open",
+        "humaneval*",
+        "mbpp*",
+        "leaderboard_*",
+        "bigbench*",
+        "race",
+        "sciq",
+        "logiqa*",
+        "copa",
+        "anli*",
+    )
+    # fine-tuned model -> the model it was tuned from, where names do not tell
+    base_models: Mapping[str, str] = table()
+    # params or tags of an evaluation run that name the training run it evaluated
+    training_run_keys: tuple[str, ...] = texts(
+        "training_run_id", "train_run_id", "source_run_id", "audit.evaluates_run"
+    )
+
+
+# Findings under these floors are summed per rule and team, not listed; severity follows the
+# impact (audit/materiality.py says why each default is what it is).
+@dataclass(frozen=True)
+class MaterialitySection:
+    min_gpu_hours: float = number(1.0)
+    min_run_hours: float = number(0.5)
+    min_gb: float = number(1.0)
+    medium_gpu_hours: float = number(10.0)
+    high_gpu_hours: float = number(100.0)
+    medium_gb: float = number(100.0)
+    high_gb: float = number(1000.0)
+    # family (e.g. "DUP") -> {min_gpu_hours, min_run_hours, min_gb}
+    families: Mapping[str, Mapping[str, float]] = table()
+
+
+# Distribution shift and the method matrix (audit/facts/shift.py says why each is so)
+@dataclass(frozen=True)
+class ShiftSection:
+    # runs of a base model and measure below which the team's own history is too thin to
+    # place a run (the whole warehouse's history of the base model is used instead)
+    min_history: int = whole(5)
+    # measure kind ("base_loss", "kl", "explicit") -> the value above which a run is far
+    # when there is no history to compare with (a team's own knowledge; none by default)
+    far_above: Mapping[str, float] = table()
+    # a cell of the method matrix recommends a method from this many runs with a measured
+    # outcome, and a method from this many of its own
+    min_cell_runs: int = whole(3)
+    min_method_runs: int = whole(2)
+
+
+@dataclass(frozen=True)
+class LinksSection:
+    job_tag_keys: tuple[str, ...] = texts("slurm_job_id", "slurm.job_id", "SLURM_JOB_ID")
+    time_slack_minutes: float = number(5, 0, 525_600, "a number of minutes")
+    # paths as logged on the cluster -> where the same files are seen from here
+    path_prefixes: Mapping[str, str] = table()
+
+
+@dataclass(frozen=True)
+class MlflowSection:
+    tracking_url: str = text("")  # MLflow UI base URL for run links in reports
+    http_timeout_seconds: float = number(30, 0.001, 86_400, "a number of seconds")
+    http_max_retries: int = whole(5, 0, 100, "a number of retries")
+    http_backoff_seconds: float = number(0.5, 0, 3_600, "a number of seconds")
+    page_size: int = whole(1000, 1, 100_000, "a number of items per page")
+    # requests to a tracking server at a time: searches of separate experiments and
+    # metric-history requests overlap, bounded so a shared server is not flooded
+    http_concurrency: int = whole(4, 1, 64, "a number of requests at a time")
+    # a larger answer is refused, not buffered
+    max_response_mb: float = number(512, 0.001, 1_000_000, "a number of megabytes")
+
+
+@dataclass(frozen=True)
+class SqlSection:
+    # `audit sql` stops a query after this long
+    timeout_seconds: float = number(60, 0.001, 1e9, "a number of seconds")
+
+
+# audit ingest prometheus (checked by audit.importers.prometheus.exporters)
+@dataclass(frozen=True)
+class PrometheusSection:
+    # auto (the first found of dcgm, jobstats, nvidia_gpu_exporter), one of them, or custom
+    # (metrics.util and the others below)
+    exporter: str = text("auto")
+    # field -> metric name, times or divided by a factor into %, MiB, W or J: util,
+    # util_alt, mem_used, mem_free, mem_total, power, energy
+    metrics: Mapping[str, Any] = table()
+    # field -> label names tried in order: host, gpu, uuid, model, job, pod, namespace, mig
+    labels: Mapping[str, Any] = table()
+    # window length -> bucket width, for a first import without --step
+    resolution: Mapping[str, str] = table({"1d": "1m", "7d": "5m", "longer": "15m"})
+    max_points_per_series: int = whole(11_000)  # Prometheus' own limit per query
+    max_points_per_query: int = whole(500_000)  # the sample budget of one query
+    concurrency: int = whole(4)
+    timeout_seconds: float = number(60)  # one request, answer included
+    max_retries: int = whole(3)
+    backoff_seconds: float = number(0.5)
+    max_response_mb: float = number(256)
+
+
+SECTIONS: dict[str, type] = {
+    "prices": PricesSection,
+    "metrics": MetricsSection,
+    "attribution": AttributionSection,
+    "cost": CostSection,
+    "cluster": ClusterSection,
+    "evaluations": EvaluationsSection,
+    "materiality": MaterialitySection,
+    "shift": ShiftSection,
+    "links": LinksSection,
+    "mlflow": MlflowSection,
+    "sql": SqlSection,
+    "prometheus": PrometheusSection,
+}
+
+# section -> key -> (expected python type(s), default as TOML writes it): what a file is
+# validated against. A table's values are validated by their consumer.
+SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
+    name: {f.name: (f.metadata["types"], f.metadata["default"]) for f in fields(section)}
+    for name, section in SECTIONS.items()
+}
+# Numeric settings: the range each must lie in (inclusive; finite always), and what it is
+# in a message. A NaN, infinite, negative or absurd value ends in exit 2 naming the key:
+# unchecked, NaN slack and a negative backoff ended in internal errors, an infinite price
+# made the JSON report invalid and a negative one showed -$291 M of waste.
+RANGES: dict[tuple[str, str], tuple[float, float, str]] = {
+    (name, f.name): f.metadata["range"]
+    for name, section in SECTIONS.items()
+    for f in fields(section)
+    if f.metadata["range"] is not None
+}
+
+
 @dataclass
 class Config:
-    """Validated configuration, with defaults filled in."""
+    """Validated configuration, with defaults filled in: typed sections (``config.metrics``,
+    ``config.attribution`` ...) over ``values``, the settings as validated (hashed by
+    ``digest``)."""
 
     values: dict[str, dict[str, Any]]
     path: Path | None = None
     raw_text: str = field(default="", repr=False)
+    prices: PricesSection = field(init=False, repr=False)
+    metrics: MetricsSection = field(init=False, repr=False)
+    attribution: AttributionSection = field(init=False, repr=False)
+    cost: CostSection = field(init=False, repr=False)
+    cluster: ClusterSection = field(init=False, repr=False)
+    evaluations: EvaluationsSection = field(init=False, repr=False)
+    materiality: MaterialitySection = field(init=False, repr=False)
+    shift: ShiftSection = field(init=False, repr=False)
+    links: LinksSection = field(init=False, repr=False)
+    mlflow: MlflowSection = field(init=False, repr=False)
+    sql: SqlSection = field(init=False, repr=False)
+    prometheus: PrometheusSection = field(init=False, repr=False)
 
-    def get(self, section: str, key: str) -> Any:
-        return self.values[section][key]
+    def __post_init__(self) -> None:
+        for name, section in SECTIONS.items():
+            table = {key: _frozen(value) for key, value in self.values[name].items()}
+            setattr(self, name, section(**table))
+
+    @property
+    def rules(self) -> Mapping[str, Mapping[str, Any]]:
+        """``[rules.CODE]`` tables as written (audit.rule_registry checks them)."""
+        return self.values["rules"]
+
+    @property
+    def suppress(self) -> tuple[dict[str, str], ...]:
+        return tuple(self.values["suppress"])
+
+    @property
+    def watch(self) -> WatchSettings:
+        return self.values["watch"]
+
+    def with_rule_settings(self, code: str, **settings: Any) -> Config:
+        """A copy whose ``[rules.CODE]`` table has ``settings`` on top of what it says."""
+        rules = {**copy.deepcopy(self.values["rules"])}
+        rules[code] = {**rules.get(code, {}), **settings}
+        return replace(self, values={**self.values, "rules": rules})
 
     @property
     def digest(self) -> str:
@@ -432,7 +591,7 @@ class Config:
 
     @property
     def timezone(self) -> ZoneInfo:
-        return ZoneInfo(self.values["cluster"]["timezone"])
+        return ZoneInfo(self.cluster.timezone)
 
 
 def _check_prices(table: dict, where: str) -> None:

@@ -199,6 +199,10 @@ class RunFacts:
         """Whether the run is placed in time (else its points are placed by step only)."""
         return self.start_time is not None
 
+    def subject(self) -> dict:
+        """What a finding about the run names it by."""
+        return {"run_id": self.run_id, "run_name": self.name}
+
 
 # The jobs columns that rules read beyond JobFacts' own fields: the queue wait's start
 # (QUE001) and sacct's and jobstats' usage figures (audit.usage). Only these are kept per
@@ -338,16 +342,16 @@ class Facts:
 
     @classmethod
     def load(cls, con, config: Config) -> Facts:
-        attribution = config.values["attribution"]
-        cost_settings = config.values["cost"]
-        order = attribution["team_order"]
-        count_keys = [WORLD_SIZE_TAG, *cost_settings["gpu_count_keys"]]
-        list_keys = cost_settings["gpu_list_keys"]
-        type_keys = cost_settings["gpu_type_keys"]
-        team_tag = [attribution["team_tag"]]
-        method_keys, base_model_keys = attribution["method_keys"], attribution["base_model_keys"]
-        default_gpus = cost_settings["default_gpus_per_run"]
-        default_type = cost_settings["default_gpu_type"] or None
+        attribution, cost_settings = config.attribution, config.cost
+        order = list(attribution.team_order)
+        count_keys = [WORLD_SIZE_TAG, *cost_settings.gpu_count_keys]
+        list_keys = list(cost_settings.gpu_list_keys)
+        type_keys = list(cost_settings.gpu_type_keys)
+        team_tag = [attribution.team_tag]
+        method_keys = list(attribution.method_keys)
+        base_model_keys = list(attribution.base_model_keys)
+        default_gpus = cost_settings.default_gpus_per_run
+        default_type = cost_settings.default_gpu_type or None
         pool = _TextPool()
         same = pool.same
         price_of = Prices(config)
@@ -625,6 +629,8 @@ class Facts:
                     "has_run": bool(job.run_ids),
                     "team": job.team,
                     "method": job.method if job.run_ids else "none",
+                    # the run that attributes it (a job: its first run)
+                    "run": self.run_by_id(job.run_ids[0]) if job.run_ids else None,
                     "gpu_hours": job.cost.gpu_hours,
                     "usd": job.cost.usd,
                     "fallback_price": job.cost.fallback_price,
@@ -641,6 +647,7 @@ class Facts:
                     "has_run": True,
                     "team": run.team,
                     "method": run.method,
+                    "run": run,
                     "gpu_hours": run.cost.gpu_hours,
                     "usd": run.cost.usd,
                     "fallback_price": run.cost.fallback_price,

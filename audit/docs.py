@@ -117,15 +117,6 @@ def _readable(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
-def _bounds(threshold) -> str:
-    bounds = []
-    if threshold.minimum is not None:
-        bounds.append(f"≥ {threshold.minimum:g}")
-    if threshold.maximum is not None:
-        bounds.append(f"≤ {threshold.maximum:g}")
-    return ", ".join(bounds)
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -170,7 +161,7 @@ def rule_page(rule: type[Rule]) -> str:
         ]
         for key, t in rule.thresholds.items():
             default = _number(t.default) + (f" {t.unit}" if t.unit else "")
-            parts.append(f"| `{key}` | {default} | {_bounds(t) or '—'} | {_cell(t.help)} |")
+            parts.append(f"| `{key}` | {default} | {t.bounds() or '—'} | {_cell(t.help)} |")
         parts += ["", "```toml", rules_toml([rule]), "```", ""]
     else:
         parts += ["None.", ""]
@@ -279,7 +270,7 @@ def rules_toml(rules: list[type[Rule]]) -> str:
             continue
         lines = [f"[rules.{rule.code}]"]
         for key, t in rule.thresholds.items():
-            note = ", ".join(x for x in (t.unit, _bounds(t)) if x)
+            note = ", ".join(x for x in (t.unit, t.bounds()) if x)
             lines.append(f"{key} = {_number(t.default)}" + (f"  # {note}" if note else ""))
         tables.append("\n".join(lines))
     return "\n\n".join(tables)

@@ -30,3 +30,12 @@ def utf8_problem(path, data: bytes, exc: UnicodeDecodeError) -> str:
     return (
         f"{path}:{line}: invalid UTF-8 (byte 0x{byte} at column {column}); save the file as UTF-8"
     )
+
+
+def install_hint(extra: str) -> str:
+    """How to install an optional extra today: audit is not on a package registry yet, so
+    from a checkout or a git URL (docs/install.md), never ``pip install audit-waste[...]``."""
+    return (
+        f"pip install -e '.[{extra}]' in a checkout of audit, or "
+        f"pip install 'audit-waste[{extra}] @ git+GIT_URL' (docs/install.md)"
+    )

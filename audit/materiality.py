@@ -49,18 +49,16 @@ class Floors:
 
 class Materiality:
     def __init__(self, config: Config):
-        settings = config.values["materiality"]
+        settings = config.materiality
         self.settings = settings
-        self.default = Floors(
-            settings["min_gpu_hours"], settings["min_run_hours"], settings["min_gb"]
-        )
+        self.default = Floors(settings.min_gpu_hours, settings.min_run_hours, settings.min_gb)
         self.by_family = {
             family.upper(): Floors(
                 float(table.get("min_gpu_hours", self.default.gpu_hours)),
                 float(table.get("min_run_hours", self.default.run_hours)),
                 float(table.get("min_gb", self.default.gb)),
             )
-            for family, table in settings["families"].items()
+            for family, table in settings.families.items()
         }
 
     def floors(self, family: str) -> Floors:
@@ -90,9 +88,9 @@ class Materiality:
             return Severity.INFO
         s = self.settings
         if unit == "GB":
-            high, medium = s["high_gb"], s["medium_gb"]
+            high, medium = s.high_gb, s.medium_gb
         else:
-            high, medium = s["high_gpu_hours"], s["medium_gpu_hours"]
+            high, medium = s.high_gpu_hours, s.medium_gpu_hours
         if amount >= high:
             return Severity.HIGH
         if amount >= medium:

@@ -16,11 +16,11 @@ method matrix) all read these from here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
 from audit.config import Config
 from audit.costs import Facts, RunFacts
 from audit.facts.direction import Directions
+from audit.facts.evaluations import EvaluationRuns, shared_evaluation_runs
 from audit.heap import long_lived
 from audit.warehouse.latest import latest_values
 
@@ -41,34 +41,31 @@ class Outcome:
         return sum(self.target.values()) / len(self.target) if self.target else None
 
 
-def matches(key: str, globs: list[str]) -> bool:
-    return any(fnmatchcase(key, g) for g in globs)
-
-
-def red_line_tolerance(config: Config, metric: str) -> float:
-    """The allowed drop of a red-line metric: the first glob of ``[metrics]
-    red_line_tolerances`` that matches it, else 0 (RED001 and ``audit gate`` agree)."""
-    tolerances = config.values["metrics"]["red_line_tolerances"]
-    return next((float(t) for g, t in tolerances.items() if fnmatchcase(metric, g)), 0.0)
-
-
 class Recipes:
     """Recipes, baselines and latest benchmark values of every run, read once."""
 
-    def __init__(self, config: Config, facts: Facts, datasets: dict, values: dict, latest: dict):
+    def __init__(
+        self,
+        config: Config,
+        facts: Facts,
+        datasets: dict,
+        values: dict,
+        latest: dict,
+        evaluation_runs: EvaluationRuns,
+    ):
         self.config = config
         self.facts = facts
+        self.evaluation_runs = evaluation_runs
         self._datasets = datasets  # run key -> dataset label
         self._values = values  # run key -> {param or tag: value} for family keys
         self.latest = latest  # run key -> {metric: latest finite value} (benchmarks only)
-        tag = config.values["attribution"]["baseline_tag"]
+        tag = config.attribution.baseline_tag
         flagged = {k for k, v in values.items() if str(v.get(tag, "")).lower() == "true"}
         self.baseline_keys = flagged
-        self._eval_methods = frozenset(config.values["attribution"]["eval_methods"])
         # the metric names each kind's globs match, tested once per name, not per run
         names = set().union(*latest.values())
         self._names_of_kind = {
-            kind: frozenset(n for n in names if matches(n, config.values["metrics"][kind]))
+            kind: frozenset(n for n in names if config.metrics.matches(n, kind))
             for kind in ("general", "target", "red_lines")
         }
         self.directions = Directions(config)
@@ -78,13 +75,12 @@ class Recipes:
                 self.baselines.setdefault(run.base_model, run)
 
     @classmethod
-    def load(cls, con, config: Config, facts: Facts) -> Recipes:
-        attribution = config.values["attribution"]
-        metrics = config.values["metrics"]
+    def load(cls, con, config: Config, facts: Facts, shared: dict | None = None) -> Recipes:
+        attribution, metrics = config.attribution, config.metrics
         extra_keys = [
-            k for k in attribution["family_keys"] if k not in ("method", "base_model", "dataset")
+            k for k in attribution.family_keys if k not in ("method", "base_model", "dataset")
         ]
-        keys = sorted({*attribution["dataset_keys"], *extra_keys, attribution["baseline_tag"]})
+        keys = sorted({*attribution.dataset_keys, *extra_keys, attribution.baseline_tag})
         key_of, text = facts.key_of, facts.text
         values: dict[tuple, dict[str, str]] = {}
         for source_id, run_id, key, value, _pos in con.execute(
@@ -112,15 +108,16 @@ class Recipes:
                 datasets[run.key] = "+".join(inputs[run.key])
                 continue
             mine = values.get(run.key, {})
-            found = next((mine[k] for k in attribution["dataset_keys"] if mine.get(k)), None)
+            found = next((mine[k] for k in attribution.dataset_keys if mine.get(k)), None)
             if found:
                 datasets[run.key] = found
-        globs = [*metrics["general"], *metrics["target"], *metrics["red_lines"]]
+        globs = [*metrics.general, *metrics.target, *metrics.red_lines]
         latest: dict[tuple, dict[str, float]] = {}
         if globs:
             condition = " OR ".join(["key GLOB ?"] * len(globs))
             latest = latest_values(con, f"({condition}) AND isfinite(value)", globs, key_of)
-        return cls(config, facts, datasets, values, latest)
+        found = shared_evaluation_runs(con, config, facts, shared)
+        return cls(config, facts, datasets, values, latest, found)
 
     def dataset(self, run: RunFacts) -> str | None:
         return self._datasets.get(run.key)
@@ -128,7 +125,7 @@ class Recipes:
     def family(self, run: RunFacts) -> dict[str, str | None]:
         """The run's recipe reduced to ``[attribution] family_keys``."""
         out: dict[str, str | None] = {}
-        for key in self.config.values["attribution"]["family_keys"]:
+        for key in self.config.attribution.family_keys:
             if key == "method":
                 out[key] = run.method
             elif key == "base_model":
@@ -143,8 +140,9 @@ class Recipes:
         return run.key in self.baseline_keys
 
     def is_training(self, run: RunFacts) -> bool:
-        """Not an evaluation run (``[attribution] eval_methods``) and not a baseline."""
-        return (run.method or "") not in self._eval_methods and run.key not in self.baseline_keys
+        """Not an evaluation run (``audit.facts.evaluations.EvaluationRuns``) and not a
+        baseline."""
+        return not self.evaluation_runs.is_evaluation_run(run) and run.key not in self.baseline_keys
 
     def baseline_of(self, run: RunFacts) -> RunFacts | None:
         return self.baselines.get(run.base_model) if run.base_model else None
@@ -185,7 +183,7 @@ def shared_recipes(con, config: Config, facts: Facts, shared: dict | None) -> Re
         return Recipes.load(con, config, facts)
     if ("recipes",) not in shared:
         with long_lived():
-            shared[("recipes",)] = Recipes.load(con, config, facts)
+            shared[("recipes",)] = Recipes.load(con, config, facts, shared)
     return shared[("recipes",)]
 
 
@@ -211,13 +209,12 @@ def method_matrix(found: Recipes, window, cost_ratio: float) -> dict[tuple[str, 
     known cost, target gain and general change, each with the cheapest run (of any time)
     that dominates it: at least its target gain, no more general loss, and at most
     ``cost_ratio`` × its GPU-hours."""
-    eval_methods = set(found.config.values["attribution"]["eval_methods"])
     candidates: list[MatrixRun] = []
     for run in found.facts.runs:
         if (
             run.status != "FINISHED"
             or run.lifecycle_stage != "active"
-            or (run.method or "") in eval_methods
+            or found.evaluation_runs.is_evaluation_run(run)
             or found.is_baseline(run)
             or not run.cost.known
         ):

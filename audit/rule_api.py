@@ -20,7 +20,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from audit.config import Config
@@ -72,6 +71,11 @@ class Threshold:
     maximum: float | None = None
     unit: str = ""
 
+    @classmethod
+    def percent(cls, default: float, help: str) -> Threshold:
+        """A share in per cent: from 0 to 100."""
+        return cls(default, help, 0, 100, "%")
+
     def validate(self, value: Any, where: str) -> float:
         if (
             isinstance(value, bool)
@@ -85,14 +89,19 @@ class Threshold:
             raise InputError(f"{where} must be ≤ {self.maximum}, got {value}")
         return value
 
-    def describe(self) -> str:
+    def bounds(self) -> str:
+        """The valid range as text: "≥ 0, ≤ 100" (empty when any number will do)."""
         bounds = []
         if self.minimum is not None:
             bounds.append(f"≥ {self.minimum:g}")
         if self.maximum is not None:
             bounds.append(f"≤ {self.maximum:g}")
+        return ", ".join(bounds)
+
+    def describe(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        return f"default {self.default:g}{unit}" + (f" ({', '.join(bounds)})" if bounds else "")
+        bounds = self.bounds()
+        return f"default {self.default:g}{unit}" + (f" ({bounds})" if bounds else "")
 
 
 # The findings table's columns, in order: Finding.to_row and Finding.from_row are the only
@@ -136,6 +145,19 @@ _SUBJECT_NAMES = (
     "base_model",
     "team",
 )
+
+
+def run_entry(run: Any, **details: Any) -> dict:
+    """One run in a finding's evidence: its id and name, ``details``, and its cost (GPU-hours,
+    run-hours, the basis) as every rule lists it."""
+    return {
+        "run_id": run.run_id,
+        "name": run.name,
+        **details,
+        "gpu_hours": None if run.cost.gpu_hours is None else round(run.cost.gpu_hours, 3),
+        "run_hours": None if run.run_hours is None else round(run.run_hours, 4),
+        "cost_basis": run.cost.basis,
+    }
 
 
 def subject_label(subject: dict) -> str:
@@ -324,6 +346,24 @@ class Skip(Exception):
     (and, when the configuration does not fit the data, what the data holds instead)."""
 
 
+# What a rule's ``needs`` says when a table is empty: one wording per table
+EMPTY_TABLES = {
+    "runs": "no runs imported",
+    "metrics": "no metrics imported",
+    "params": "no run params imported",
+    "jobs": "no Slurm jobs imported",
+    "checkpoints": "no checkpoint folders imported",
+    "gpu_samples": "no GPU telemetry imported",
+    "dataset_inputs": "no dataset inputs imported",
+}
+
+
+def needing(*tables: str, **why: str) -> dict[str, str]:
+    """A rule's ``needs``: each of ``tables`` with what is missing when it is empty, then
+    ``why`` (table -> the rule's own wording)."""
+    return {**{table: EMPTY_TABLES[table] for table in tables}, **why}
+
+
 class Rule:
     """Base class of every rule. Subclasses set the class attributes and ``check``."""
 
@@ -414,6 +454,14 @@ class Rule:
             **fields,
         )
 
+    def run_finding(
+        self, run: Any, message: str, evidence: dict, cost: Waste | None = None, **fields: Any
+    ) -> Finding:
+        """A finding about one run: its id and name as the subject, its team, method and
+        cost basis (``finding``'s owner), at its start unless ``happened_at`` says when."""
+        fields.setdefault("happened_at", run.start_time)
+        return self.finding(run.subject(), message, evidence, cost, owner=run, **fields)
+
 
 @dataclass
 class RuleContext:
@@ -475,10 +523,10 @@ class RuleContext:
 
     @property
     def storage_price(self) -> float:
-        return float(self.config.values["prices"]["storage_gb_month_usd"])
+        return float(self.config.prices.storage_gb_month_usd)
 
     def metric_globs(self, kind: str) -> list[str]:
-        return list(self.config.values["metrics"][kind])
+        return list(self.config.metrics.globs(kind))
 
     def matches(self, key: str, kind: str) -> bool:
-        return any(fnmatchcase(key, g) for g in self.metric_globs(kind))
+        return self.config.metrics.matches(key, kind)

@@ -82,7 +82,7 @@ def effective_thresholds(rule: type[Rule], config) -> dict[str, float]:
     """A rule's thresholds: its defaults, overridden by ``[rules.CODE]`` of the config
     (checked against the rule's schema)."""
     values = {key: threshold.default for key, threshold in rule.thresholds.items()}
-    settings = config.values["rules"].get(rule.code, {})
+    settings = config.rules.get(rule.code, {})
     values.update(_validated(rule, settings, _where(config)))
     return values
 
@@ -91,7 +91,7 @@ def check_rule_settings(config) -> None:
     """Every ``[rules.CODE]`` table of ``config`` against its rule's thresholds: an unknown
     rule or key, or a value out of range, is an input error naming it (exit 2) before a
     command does any work."""
-    for code, settings in config.values["rules"].items():
+    for code, settings in config.rules.items():
         validate_rule_settings(code, settings, _where(config))
 
 

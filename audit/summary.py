@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from audit.config import Config
 from audit.costs import Facts, shared_facts
+from audit.facts.evaluations import shared_evaluation_runs
 from audit.materiality import summed_lines
 from audit.rule_api import Finding
 from audit.rule_registry import all_rules, families
@@ -46,8 +47,8 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
         for bucket, key in ((by_team, f.team), (by_method, f.method)):
             bucket[key or "unknown"]["waste_gpu_hours"] += f.gpu_hours or 0.0
             bucket[key or "unknown"]["waste_usd"] += f.usd or 0.0
-    eval_methods = set(config.values["attribution"]["eval_methods"])
-    evaluations = [i for i in items if i["method"] in eval_methods]
+    evaluates = shared_evaluation_runs(con, config, facts, shared).is_evaluation_run
+    evaluations = [i for i in items if i["run"] is not None and evaluates(i["run"])]
     duplicates = [f for f in active if f.rule == "EVL001"]
     statuses = {r.rule: r.status for r in result.results}
     unpriced = [i for i in items if i["gpu_hours"] is None]
@@ -84,7 +85,7 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
             "runs_without_cost": sum(1 for i in evaluations if i["gpu_hours"] is None),
             "duplicate_gpu_hours": round(sum(f.gpu_hours or 0 for f in duplicates), 3),
             "duplicate_usd": round(sum(f.usd or 0 for f in duplicates), 2),
-            "note": "spend of evaluation runs ([attribution] eval_methods); duplicates are EVL001 findings",
+            "note": "spend of evaluation runs (of [attribution] eval_methods, tagged audit.kind=evaluation, or with lm-eval results); duplicates are EVL001 findings",
         },
         "families": family_rows,
         "by_team": {k: {n: round(x, 2) for n, x in v.items()} for k, v in sorted(by_team.items())},

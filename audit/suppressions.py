@@ -38,7 +38,7 @@ class Suppressions:
 
     @classmethod
     def load(cls, con, config: Config) -> Suppressions:
-        tag = config.values["attribution"]["ignore_tag"]
+        tag = config.attribution.ignore_tag
         ignored: dict[str, set[str]] = {}
         for run_id, value in con.execute(
             "SELECT run_id, value FROM tags WHERE key = ? ORDER BY run_id", [tag]
@@ -48,7 +48,7 @@ class Suppressions:
         return cls(
             tag,
             {run: frozenset(codes) for run, codes in ignored.items()},
-            tuple(config.values["suppress"]),
+            config.suppress,
         )
 
     def reason(self, rule: str, family: str, subject: dict) -> str | None:

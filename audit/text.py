@@ -44,3 +44,11 @@ def counted(number: float, one: str, many: str | None = None) -> str:
         many = one[:-1] + "ies" if one.endswith("y") and one[-2:-1] not in "aeiou" else one + "s"
     shown = f"{number:,}" if isinstance(number, int) else f"{number:g}"
     return f"{shown} {one if number == 1 else many}"
+
+
+def listed(items, shown: int = 5) -> str:
+    """The first ``shown`` of ``items`` (texts) joined by commas, then how many more:
+    ``'a', 'b' and 3 more``; a message names a few and counts the rest."""
+    items = list(items)
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more

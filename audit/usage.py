@@ -37,6 +37,7 @@ import polars as pl
 
 from audit.costs import Cost, Facts, JobFacts, RunFacts
 from audit.heap import long_lived
+from audit.text import listed
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
 from audit.warehouse.samples import (
     in_window,
@@ -172,13 +173,28 @@ class Allocation:
     # allocation cost 0.3 GB at a million jobs, for the few that get one
     @property
     def subject(self) -> dict:
-        if self.job is not None:
-            return self.job.subject()
-        return {"run_id": self.run.run_id, "run_name": self.run.name}
+        return (self.job or self.run).subject()
 
     @property
     def label(self) -> str:
         return f"job {self.job.job_id}" if self.job is not None else f"run {self.run.name!r}"
+
+
+def _allocation(owner, key: str, gpus: int, end, user: str | None) -> Allocation:
+    """The GPUs a job (or a run outside Slurm) held: its cost and attribution."""
+    kind = "job" if isinstance(owner, JobFacts) else "run"
+    return Allocation(
+        kind=kind,
+        key=key,
+        gpus=gpus,
+        start=owner.start_time,
+        end=end,
+        cost=owner.cost,
+        team=owner.team,
+        method=owner.method,
+        user=user,
+        **{kind: owner},
+    )
 
 
 class UsageIndex:
@@ -247,22 +263,10 @@ class UsageIndex:
         for job in self.facts.jobs:
             if job.gpus <= 0 or job.start_time is None or job.end_time is None:
                 continue
-            out.append(
-                Allocation(
-                    kind="job",
-                    # a field, not a cached property: those take a lock on Python 3.11
-                    # (0.3 s for the 100,000 allocations at L)
-                    key=f"job\0{job.cluster}\0{job.job_id}",
-                    gpus=job.gpus,
-                    start=job.start_time,
-                    end=job.end_time,
-                    cost=job.cost,
-                    team=job.team,
-                    method=job.method,
-                    user=job.user_name,
-                    job=job,
-                )
-            )
+            # the key is a field, not a cached property: those take a lock on Python 3.11
+            # (0.3 s for the 100,000 allocations at L)
+            key = f"job\0{job.cluster}\0{job.job_id}"
+            out.append(_allocation(job, key, job.gpus, job.end_time, job.user_name))
         for run in self.facts.runs:
             if (
                 run.job_id is not None
@@ -272,20 +276,8 @@ class UsageIndex:
                 or run.last_seen is None
             ):
                 continue
-            out.append(
-                Allocation(
-                    kind="run",
-                    key=f"run\0{run.source_id}\0{run.run_id}",
-                    gpus=int(run.cost.gpus),
-                    start=run.start_time,
-                    end=run.last_seen,
-                    cost=run.cost,
-                    team=run.team,
-                    method=run.method,
-                    user=run.user_id,
-                    run=run,
-                )
-            )
+            key = f"run\0{run.source_id}\0{run.run_id}"
+            out.append(_allocation(run, key, int(run.cost.gpus), run.last_seen, run.user_id))
         return out
 
     def _usage_of(self, wanted: list[Allocation]) -> dict[str, Usage]:
@@ -411,7 +403,7 @@ class Unjudged:
                 )
                 continue
             examples = ", ".join(
-                f"{alloc.label} ({_hosts_named(use.hosts)})" if use.hosts else alloc.label
+                f"{alloc.label} ({listed(use.hosts, 3)})" if use.hosts else alloc.label
                 for alloc, use, _ in group[:NOTE_EXAMPLES]
             )
             notes.append(
@@ -419,11 +411,6 @@ class Unjudged:
                 f"and {len(group) - NOTE_EXAMPLES:,} more"
             )
         return notes
-
-
-def _hosts_named(hosts: list[str], shown: int = 3) -> str:
-    more = f" and {len(hosts) - shown} more" if len(hosts) > shown else ""
-    return ", ".join(hosts[:shown]) + more
 
 
 def _allocations_counted(group: list[tuple[Allocation, Usage, str]]) -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from audit.facts.checkpoints import warehouse_checkpoints
-from audit.facts.evaluations import Evaluations
+from audit.facts.checkpoints import gb, storage_formula, warehouse_checkpoints
+from audit.facts.evaluations import EvaluationRuns, Evaluations, shared_evaluation_runs
 from audit.facts.shift import Shifts, shared_shifts
 from audit.recipes import Recipes, shared_recipes
-from audit.rule_api import RuleContext
+from audit.rule_api import Finding, Rule, RuleContext, Threshold
 from audit.rule_registry import effective_thresholds, get_rule
+
+# the runs REG001 and SRC001 judge
+SHORT_RUN = Threshold(30.0, "shorter runs are not judged", 0, unit="min")
 
 
 def recipes(ctx: RuleContext) -> Recipes:
@@ -15,9 +18,17 @@ def recipes(ctx: RuleContext) -> Recipes:
     return shared_recipes(ctx.con, ctx.config, ctx.facts, ctx.shared)
 
 
+def evaluation_runs(ctx: RuleContext) -> EvaluationRuns:
+    """Which runs evaluate a model rather than train one (``audit.facts.evaluations``), once."""
+    return shared_evaluation_runs(ctx.con, ctx.config, ctx.facts, ctx.shared)
+
+
 def evaluations(ctx: RuleContext) -> Evaluations:
     """Every evaluation and the links between models (``audit.facts.evaluations``), once."""
-    return ctx.once(("evaluations",), lambda: Evaluations(ctx.con, ctx.config, ctx.facts))
+    return ctx.once(
+        ("evaluations",),
+        lambda: Evaluations(ctx.con, ctx.config, ctx.facts, evaluation_runs(ctx)),
+    )
 
 
 def shifts(ctx: RuleContext) -> Shifts:
@@ -64,3 +75,33 @@ def _with_runs(ctx: RuleContext) -> list[dict]:
         row["team"] = run.team if run else None
         row["method"] = run.method if run else None
     return rows
+
+
+def storage_finding(
+    rule: Rule,
+    ctx: RuleContext,
+    message: str,
+    evidence: dict,
+    checkpoints: list[dict],
+    total: int,
+    **fields,
+) -> Finding:
+    """A finding about ``total`` bytes of ``checkpoints`` kept for nothing: the bytes and
+    what they cost a month, when the newest was written; the subject is the run that wrote
+    them (id, name, folder) unless ``fields`` says otherwise."""
+    run = checkpoints[0]
+    if run["run_id"]:
+        fields.setdefault(
+            "subject",
+            {"run_id": run["run_id"], "run_name": run["run_name"], "run_dir": run["run_dir"]},
+        )
+        fields.setdefault("team", run["team"])
+        fields.setdefault("method", run["method"])
+    return rule.finding(
+        message=message,
+        evidence={**evidence, "formula": storage_formula(total, ctx.storage_price)},
+        bytes=total,
+        usd=gb(total) * ctx.storage_price,
+        happened_at=max(c["mtime"] for c in checkpoints),
+        **fields,
+    )

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from audit.costs import money
 from audit.facts.prices import card_of, cheapest_fit
-from audit.rule_api import RuleContext, Skip
+from audit.rule_api import Finding, Rule, RuleContext, Skip, Threshold, Waste
 from audit.usage import Allocation, Usage
+
+# Thresholds several rules share, each one setting per rule ([rules.CODE]) with one meaning.
+# The idle line: what OVP001 calls not in use, IDL001 an idle tail, IDL003 an idle host,
+# and OVP002 leaves to OVP001 and IDL002
+IDLE_UTIL = Threshold.percent(5.0, "a GPU at or under this mean utilisation is idle")
+# An abandoned allocation: IDL002's, which OVP003 leaves to it
+ABANDONED_UTIL = Threshold.percent(
+    1.0, "every GPU at or under this utilisation from start to end: an abandoned allocation"
+)
+SHORT_JOB = Threshold(30.0, "shorter jobs are not judged (JDS: 30 min)", 0, unit="min")
 
 
 def judged(ctx: RuleContext, min_minutes: float) -> list[tuple[Allocation, Usage]]:
@@ -39,6 +49,23 @@ def evidence(alloc: Allocation, use: Usage, **extra) -> dict:
     if alloc.user:
         out["user"] = alloc.user
     return out
+
+
+def allocation_finding(
+    rule: Rule,
+    alloc: Allocation,
+    use: Usage,
+    message: str,
+    formula: str,
+    cost: Waste | None = None,
+    details: dict | None = None,
+    **fields,
+) -> Finding:
+    """A finding about an allocation judged by its usage: the allocation as its subject and
+    owner, its usage (and ``details``) with ``formula`` as evidence, at its start."""
+    fields.setdefault("happened_at", alloc.start)
+    found = evidence(alloc, use, **(details or {}), formula=formula)
+    return rule.finding(alloc.subject, message, found, cost, owner=alloc, **fields)
 
 
 def cards_seen(ctx: RuleContext) -> frozenset[str]:

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
-from audit.facts.checkpoints import gb, storage_formula
+from audit.facts.checkpoints import gb
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.text import counted
 
-from ._shared import checkpoint_rows
+from ._shared import checkpoint_rows, storage_finding
+from .families import RedundantCheckpoints
 
 
-class CheckpointsBeyondRetention(Rule):
+class CheckpointsBeyondRetention(RedundantCheckpoints, Rule):
     """A run keeps intermediate checkpoints that no retention policy needs.
 
     What it detects:
@@ -40,10 +41,6 @@ class CheckpointsBeyondRetention(Rule):
     code = "CKP001"
     name = "checkpoints-beyond-retention"
     severity = Severity.MEDIUM
-    family_label = "redundant checkpoints"
-    waste_scope = "storage"
-    reads_shared = frozenset({"checkpoint_rows", "facts"})
-    needs = {"checkpoints": "no checkpoint folders imported"}
     thresholds = {
         "keep_milestones": Threshold(
             0, "intermediate checkpoints to keep per run besides best and last", 0
@@ -62,7 +59,6 @@ class CheckpointsBeyondRetention(Rule):
         for row in rows:
             by_run.setdefault((row["source_id"], row["run_id"]), []).append(row)
         keep = int(ctx.thresholds["keep_milestones"])
-        price = ctx.storage_price
         for checkpoints in by_run.values():
             candidates = sorted(
                 (c for c in checkpoints if not c["protected"]),
@@ -78,12 +74,9 @@ class CheckpointsBeyondRetention(Rule):
                 for c in checkpoints
                 if c not in reclaimable
             ]
-            yield self.finding(
-                subject={
-                    "run_id": run["run_id"],
-                    "run_name": run["run_name"],
-                    "run_dir": run["run_dir"],
-                },
+            yield storage_finding(
+                self,
+                ctx,
                 message=(
                     f"run {run['run_name']!r} keeps {len(checkpoints)} checkpoints; {len(reclaimable)} "
                     f"({gb(total):,.1f} GB) are neither best, last nor registered"
@@ -96,11 +89,7 @@ class CheckpointsBeyondRetention(Rule):
                         for c in reclaimable
                     ],
                     "kept": kept,
-                    "formula": storage_formula(total, price),
                 },
-                bytes=total,
-                usd=gb(total) * price,
-                team=run["team"],
-                method=run["method"],
-                happened_at=max(c["mtime"] for c in checkpoints),
+                checkpoints=checkpoints,
+                total=total,
             )

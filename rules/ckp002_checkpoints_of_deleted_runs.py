@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from audit.facts.checkpoints import gb, storage_formula
+from audit.facts.checkpoints import gb
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 
-from ._shared import checkpoint_rows
+from ._shared import checkpoint_rows, storage_finding
+from .families import RedundantCheckpoints
 
 
-class CheckpointsOfDeletedRuns(Rule):
+class CheckpointsOfDeletedRuns(RedundantCheckpoints, Rule):
     """Checkpoints still on disk for runs that were deleted in MLflow.
 
     What it detects:
@@ -34,10 +35,6 @@ class CheckpointsOfDeletedRuns(Rule):
     code = "CKP002"
     name = "checkpoints-of-deleted-runs"
     severity = Severity.LOW
-    family_label = "redundant checkpoints"
-    waste_scope = "storage"
-    reads_shared = frozenset({"checkpoint_rows", "facts"})
-    needs = {"checkpoints": "no checkpoint folders imported"}
     thresholds = {
         "min_reclaimable_gb": Threshold(
             0.0, "ignore runs with less reclaimable storage", 0, unit="GB"
@@ -58,12 +55,9 @@ class CheckpointsOfDeletedRuns(Rule):
             if not reclaimable or gb(total) < ctx.thresholds["min_reclaimable_gb"]:
                 continue
             run = checkpoints[0]
-            yield self.finding(
-                subject={
-                    "run_id": run["run_id"],
-                    "run_name": run["run_name"],
-                    "run_dir": run["run_dir"],
-                },
+            yield storage_finding(
+                self,
+                ctx,
                 message=(
                     f"run {run['run_name']!r} is deleted in MLflow but {len(checkpoints)} checkpoints remain; "
                     f"{len(reclaimable)} ({gb(total):,.1f} GB) are reclaimable "
@@ -76,11 +70,7 @@ class CheckpointsOfDeletedRuns(Rule):
                         for c in checkpoints
                         if c["protected"]
                     ],
-                    "formula": storage_formula(total, ctx.storage_price),
                 },
-                bytes=total,
-                usd=gb(total) * ctx.storage_price,
-                team=run["team"],
-                method=run["method"],
-                happened_at=max(c["mtime"] for c in checkpoints),
+                checkpoints=checkpoints,
+                total=total,
             )

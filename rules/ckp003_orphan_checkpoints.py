@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from audit.facts.checkpoints import gb, storage_formula
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.facts.checkpoints import gb
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, needing
 
-from ._shared import checkpoint_rows
+from ._shared import checkpoint_rows, storage_finding
+from .families import RedundantCheckpoints
 
 
-class OrphanCheckpoints(Rule):
+class OrphanCheckpoints(RedundantCheckpoints, Rule):
     """Checkpoint folders that no MLflow run claims.
 
     What it detects:
@@ -34,13 +35,7 @@ class OrphanCheckpoints(Rule):
     code = "CKP003"
     name = "orphan-checkpoints"
     severity = Severity.LOW
-    family_label = "redundant checkpoints"
-    waste_scope = "storage"
-    reads_shared = frozenset({"checkpoint_rows", "facts"})
-    needs = {
-        "checkpoints": "no checkpoint folders imported",
-        "runs": "no runs imported to claim checkpoints",
-    }
+    needs = needing("checkpoints", runs="no runs imported to claim checkpoints")
     thresholds = {"min_gb": Threshold(1.0, "ignore folders with less storage", 0, unit="GB")}
     recommendation = "Find the owner of the folder; archive or delete it."
 
@@ -53,7 +48,9 @@ class OrphanCheckpoints(Rule):
             total = sum(c["bytes"] for c in checkpoints)
             if gb(total) < ctx.thresholds["min_gb"]:
                 continue
-            yield self.finding(
+            yield storage_finding(
+                self,
+                ctx,
                 subject={"run_dir": run_dir},
                 message=(
                     f"{len(checkpoints)} checkpoints ({gb(total):,.1f} GB) in {run_dir} belong to no imported run "
@@ -64,9 +61,7 @@ class OrphanCheckpoints(Rule):
                         {"path": c["path"], "bytes": c["bytes"], "mtime": c["mtime"]}
                         for c in checkpoints
                     ],
-                    "formula": storage_formula(total, ctx.storage_price),
                 },
-                bytes=total,
-                usd=gb(total) * ctx.storage_price,
-                happened_at=max(c["mtime"] for c in checkpoints),
+                checkpoints=checkpoints,
+                total=total,
             )

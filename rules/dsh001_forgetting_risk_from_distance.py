@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import statistics
 
-from audit.rule_api import Rule, RuleContext, Severity
+from audit.rule_api import Rule, RuleContext, Severity, needing
 from audit.rule_registry import effective_thresholds, get_rule
 
 from ._metrics import TRAINING_METHODS_EXCLUDED
@@ -58,8 +58,8 @@ class ForgettingRiskFromDistance(Rule):
     severity = Severity.LOW
     severity_from_impact = False  # a risk read from history, never a certainty
     family_label = "distribution shift"
-    reads_shared = frozenset({"facts", "recipes", "evaluations", "shifts"})
-    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    reads_shared = frozenset({"evaluation runs", "facts", "recipes", "evaluations", "shifts"})
+    needs = needing("runs", "metrics")
     recommendation = (
         "Evaluate general ability now (audit gate against the base model); for data this far "
         "from the model prefer an on-policy method or mix general data in (weekly report's "
@@ -69,12 +69,7 @@ class ForgettingRiskFromDistance(Rule):
     def check(self, ctx: RuleContext):
         tolerance = effective_thresholds(get_rule("REG002"), ctx.config)["tolerance"]
         found, measured, evaluated = recipes(ctx), shifts(ctx), evaluations(ctx)
-        monitored = set()
-        for evaluation in evaluated.all:
-            if evaluation.general:
-                run = evaluated.training_run(evaluation)
-                if run is not None:
-                    monitored.add(run.key)
+        monitored = evaluated.monitored_runs
         unplaced = 0
         for run in ctx.facts.runs_in(ctx.window):
             shift = measured.of(run)
@@ -102,7 +97,7 @@ class ForgettingRiskFromDistance(Rule):
         if unplaced:
             ctx.note(
                 f"{unplaced} SFT run{'s' if unplaced > 1 else ''} not placed: fewer than "
-                f"{ctx.config.values['shift']['min_history']} runs of their base model and "
+                f"{ctx.config.shift.min_history} runs of their base model and "
                 "measure, or one task only, and no [shift] far_above set"
             )
 
@@ -162,8 +157,8 @@ class ForgettingRiskFromDistance(Rule):
             else "no past run at this distance was evaluated"
         )
         risk = f"; expected rework {rework:.1f} GPU-h" if rework else ""
-        return self.finding(
-            subject={"run_id": run.run_id, "run_name": run.name},
+        return self.run_finding(
+            run,
             message=(
                 f"SFT run {run.name!r} trained far from {run.base_model or 'its base model'} "
                 f"({where}) {state}: {past}{risk}"
@@ -180,7 +175,4 @@ class ForgettingRiskFromDistance(Rule):
             },
             severity=Severity.INFO if thin else self.severity,
             risk_gpu_hours=rework or None,
-            team=run.team,
-            method=run.method,
-            happened_at=run.start_time,
         )

@@ -6,7 +6,17 @@ from dataclasses import replace
 import polars as pl
 
 from audit.costs import RunFacts
-from audit.rule_api import Finding, Rule, RuleContext, Severity, Threshold, Waste
+from audit.rule_api import (
+    Finding,
+    Rule,
+    RuleContext,
+    Severity,
+    Threshold,
+    Waste,
+    needing,
+    run_entry,
+)
+from audit.text import listed
 
 RESULT_STATES = ("FINISHED", "RUNNING")  # a launch with such a run has (or will have) a result
 
@@ -62,7 +72,7 @@ class DuplicateConfig(Rule):
     severity = Severity.MEDIUM
     family_label = "duplicate experiments"
     reads_shared = frozenset({"DUP001 repeats", "facts"})
-    needs = {"runs": "no runs imported", "params": "no run params imported"}
+    needs = needing("runs", "params")
     thresholds = {
         "min_gpu_hours": Threshold(
             0.0, "ignore repeats cheaper than this (when their cost is known)", 0, unit="GPU-h"
@@ -78,7 +88,7 @@ class DuplicateConfig(Rule):
     recommendation = "Search history before launching (audit runs similar --fail-if-exists); reuse the earlier run's result."
 
     def check(self, ctx: RuleContext):
-        volatile = list(ctx.config.values["attribution"]["volatile_params"])
+        volatile = list(ctx.config.attribution.volatile_params)
         gap = ctx.thresholds["batch_gap_minutes"] * 60
         repeated = ctx.once(
             ("DUP001 repeats", tuple(volatile), gap), lambda: _repeated_configs(ctx, volatile, gap)
@@ -146,26 +156,20 @@ class DuplicateConfig(Rule):
             ),
             evidence={
                 "runs": [
-                    {
-                        "run_id": r.run_id,
-                        "name": r.name,
-                        "user": r.user_id,
-                        "entry_point": r.entry_point,
-                        "status": r.status,
-                        "start": r.start_time,
-                        "end": r.end_time,
-                        "launch": launch_of[r.key],
-                        "role": "original"
+                    run_entry(
+                        r,
+                        user=r.user_id,
+                        entry_point=r.entry_point,
+                        status=r.status,
+                        start=r.start_time,
+                        end=r.end_time,
+                        launch=launch_of[r.key],
+                        role="original"
                         if r.key == original.key
                         else "repeat"
                         if r.key in repeat_keys
                         else "not counted",
-                        "gpu_hours": None
-                        if r.cost.gpu_hours is None
-                        else round(r.cost.gpu_hours, 3),
-                        "run_hours": None if r.run_hours is None else round(r.run_hours, 4),
-                        "cost_basis": r.cost.basis,
-                    }
+                    )
                     for r in every
                 ],
                 "launch_rule": (
@@ -207,9 +211,7 @@ class DuplicateConfig(Rule):
             for digest, item_launches, item_repeats, original in items
         ]
         names = sorted({item[3].name or item[3].run_id for item in items})
-        shown = ", ".join(repr(n) for n in names[:5]) + (
-            f" and {len(names) - 5} more" if len(names) > 5 else ""
-        )
+        shown = listed(repr(n) for n in names)
         first = repeats[0]
         return self.finding(
             subject={"entry_point": entry_point, "user": user},
@@ -284,7 +286,7 @@ def _repeated_configs(ctx: RuleContext, volatile: list[str], gap: float) -> list
     """Every configuration run more than once over all history, in signature order: its
     launches, the runs that repeat the original, and the original (the same for every
     window, so a report's weekly scans group the history once)."""
-    ignore_tag = ctx.config.values["attribution"]["ignore_tag"]
+    ignore_tag = ctx.config.attribution.ignore_tag
     by_params: dict[str, list[tuple[RunFacts, str, str]]] = {}
     for row in ctx.rows(SIGNATURES_SQL, {"volatile": volatile, "ignore_tag": ignore_tag}):
         run = ctx.facts.run(row["source_id"], row["run_id"])

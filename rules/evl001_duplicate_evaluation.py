@@ -3,12 +3,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from audit.rule_api import Rule, RuleContext, Severity, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Waste, needing, run_entry
+from audit.text import counted
 
 from ._shared import evaluations
+from .families import EvaluationCost
 
 
-class DuplicateEvaluation(Rule):
+class DuplicateEvaluation(EvaluationCost, Rule):
     """The same model was evaluated on the same tasks with the same settings more than once.
 
     What it detects:
@@ -46,9 +48,8 @@ class DuplicateEvaluation(Rule):
     code = "EVL001"
     name = "duplicate-evaluation"
     severity = Severity.MEDIUM
-    family_label = "evaluation cost"
-    reads_shared = frozenset({"facts", "evaluations"})
-    needs = {"runs": "no runs imported"}
+    reads_shared = frozenset({"evaluation runs", "facts", "evaluations"})
+    needs = needing("runs")
     recommendation = "Cache evaluation results by model revision, task and settings, and look them up before evaluating again."
 
     def check(self, ctx: RuleContext):
@@ -67,9 +68,10 @@ class DuplicateEvaluation(Rule):
             suite = tuple(sorted({(e.task, e.settings) for e in evals}))
             groups.setdefault((evals[0].model_identity, suite), []).append((run, evals))
         if unnamed and any(ctx.window.contains(r.start_time) for r in unnamed):
-            keys = ", ".join(ctx.config.values["attribution"]["evaluated_model_keys"])
+            keys = ", ".join(ctx.config.attribution.evaluated_model_keys)
             ctx.note(
-                f"{len(unnamed)} evaluation run(s) name no evaluated model ({keys}, or "
+                f"{counted(len(unnamed), 'evaluation run')} "
+                f"{'names' if len(unnamed) == 1 else 'name'} no evaluated model ({keys}, or "
                 f"lm-eval's model_args pretrained=): e.g. {unnamed[0].name!r}"
             )
         for (model, suite), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
@@ -95,7 +97,7 @@ class DuplicateEvaluation(Rule):
         )
         if waste.run_hours is not None:
             formula += (
-                f"; {len(duplicates) - len(known)} repeat(s) of unknown GPU count: "
+                f"; {counted(len(duplicates) - len(known), 'repeat')} of unknown GPU count: "
                 f"{waste.run_hours:.2f} run-hours"
             )
         name, revision, adapter = model
@@ -108,10 +110,10 @@ class DuplicateEvaluation(Rule):
             },
             message=(
                 f"{shown!r}{f' (revision {revision})' if revision else ''} was evaluated "
-                f"{len(duplicates) + 1} times on the same {len(tasks)} task"
-                f"{'s' if len(tasks) > 1 else ''} with the same settings "
+                f"{len(duplicates) + 1} times on the same {counted(len(tasks), 'task')} "
+                "with the same settings "
                 f"({', '.join(tasks[:4])}{' …' if len(tasks) > 4 else ''}; first by "
-                f"{original.name!r}); {len(duplicates)} repeat(s): "
+                f"{original.name!r}); {counted(len(duplicates), 'repeat')}: "
                 f"{', '.join(repr(r.name) for r in duplicates[:5])}"
             ),
             evidence={
@@ -124,17 +126,7 @@ class DuplicateEvaluation(Rule):
                     "name": original.name,
                     "start": original.start_time,
                 },
-                "duplicates": [
-                    {
-                        "run_id": r.run_id,
-                        "name": r.name,
-                        "start": r.start_time,
-                        "gpu_hours": r.cost.gpu_hours,
-                        "run_hours": None if r.run_hours is None else round(r.run_hours, 4),
-                        "cost_basis": r.cost.basis,
-                    }
-                    for r in duplicates
-                ],
+                "duplicates": [run_entry(r, start=r.start_time) for r in duplicates],
                 "formula": formula,
             },
             cost=replace(waste, basis="; ".join(sorted({r.cost.basis for r in duplicates}))),

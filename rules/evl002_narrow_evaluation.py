@@ -1,13 +1,15 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold, needing
+from audit.text import counted, listed
 from audit.windows import iso_week
 
 from ._metrics import general_values
 from ._shared import recipes
+from .families import EvaluationCost
 
 
-class NarrowEvaluation(Rule):
+class NarrowEvaluation(EvaluationCost, Rule):
     """Training runs judged by fewer general benchmarks than the minimum.
 
     What it detects:
@@ -39,9 +41,8 @@ class NarrowEvaluation(Rule):
     code = "EVL002"
     name = "narrow-evaluation"
     severity = Severity.LOW
-    family_label = "evaluation cost"
-    reads_shared = frozenset({"facts", "general values", "recipes"})
-    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    reads_shared = frozenset({"evaluation runs", "facts", "general values", "recipes"})
+    needs = needing("runs", "metrics")
     thresholds = {
         "min_general_benchmarks": Threshold(
             2,
@@ -76,15 +77,14 @@ class NarrowEvaluation(Rule):
                 (run, n)
             )
         for (experiment, week), runs in sorted(groups.items()):
-            names = ", ".join(f"{r.name!r} ({n})" for r, n in runs[:5]) + (
-                f" and {len(runs) - 5} more" if len(runs) > 5 else ""
-            )
+            names = listed(f"{r.name!r} ({n})" for r, n in runs)
             teams = {r.team for r, _ in runs}
             yield self.finding(
                 subject={"experiment": experiment, "week": week},
                 message=(
-                    f"{len(runs)} training run(s) of experiment {experiment!r} started in {week} "
-                    f"were judged by fewer than {minimum} general benchmarks: {names}"
+                    f"{counted(len(runs), 'training run')} of experiment {experiment!r} started "
+                    f"in {week} {'was' if len(runs) == 1 else 'were'} judged by fewer than "
+                    f"{minimum} general benchmarks: {names}"
                 ),
                 evidence={
                     "general_metric_globs": globs,

@@ -3,11 +3,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from audit.costs import hours_between
-from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste, needing
 from audit.usage import gpu_usage
 
+from ._usage import IDLE_UTIL
+from .families import IdleCapacity
 
-class IdleTail(Rule):
+
+class IdleTail(IdleCapacity, Rule):
     """A job kept its GPUs, idle, after its training run had ended.
 
     What it detects:
@@ -40,18 +43,15 @@ class IdleTail(Rule):
     code = "IDL001"
     name = "idle-tail"
     severity = Severity.HIGH
-    family_label = "idle capacity"
     reads_shared = frozenset({"facts", "long tails"})
-    needs = {
-        "jobs": "no Slurm jobs imported",
-        "run_jobs": "no run is linked to a Slurm job",
-        "gpu_samples": "no GPU telemetry imported (sacct's per-job figures cannot show a tail)",
-    }
+    needs = needing(
+        "jobs",
+        run_jobs="no run is linked to a Slurm job",
+        gpu_samples="no GPU telemetry imported (sacct's per-job figures cannot show a tail)",
+    )
     thresholds = {
         "min_tail_minutes": Threshold(30.0, "shorter tails are not flagged", 5, unit="min"),
-        "max_util_pct": Threshold(
-            5.0, "GPUs at or below this mean utilisation are idle", 0, 100, "%"
-        ),
+        "max_util_pct": IDLE_UTIL,
     }
     recommendation = "End the job when the run ends (scancel in an exit trap, no trailing sleep)."
 

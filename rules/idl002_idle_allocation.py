@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Waste
 
-from ._usage import describe, evidence, judged, priced
+from ._usage import ABANDONED_UTIL, SHORT_JOB, allocation_finding, describe, judged, priced
+from .families import IdleCapacity
 
 
-class IdleAllocation(Rule):
+class IdleAllocation(IdleCapacity, Rule):
     """A GPU allocation stayed at ~0 % for its whole life (an abandoned interactive job).
 
     What it detects:
@@ -37,13 +38,10 @@ class IdleAllocation(Rule):
     code = "IDL002"
     name = "idle-allocation"
     severity = Severity.HIGH
-    family_label = "idle capacity"
     reads_shared = frozenset({"facts", "usage"})
     thresholds = {
-        "max_util_pct": Threshold(1.0, "all GPUs at or below this utilisation", 0, 100, "%"),
-        "min_job_minutes": Threshold(
-            30.0, "shorter jobs are not judged (JDS uses 30 min)", 0, unit="min"
-        ),
+        "max_util_pct": ABANDONED_UTIL,
+        "min_job_minutes": SHORT_JOB,
     }
     recommendation = "Cancel idle sessions; give interactive partitions short time limits."
 
@@ -67,16 +65,12 @@ class IdleAllocation(Rule):
                     f"with no task above {use.util_ceiling:g} % utilisation{memory} "
                     f"({use.source} maximum)"
                 )
-            yield self.finding(
-                subject=alloc.subject,
-                message=(
-                    f"{describe(alloc)} held {alloc.gpus} GPUs for {hours:.1f} h {level} "
-                    f"(threshold ≤ {t['max_util_pct']:g} %)"
-                ),
-                evidence=evidence(
-                    alloc, use, formula=f"{alloc.gpus} GPUs × {hours:.2f} h = {money}"
-                ),
-                cost=Waste(gpu_hours, usd),
-                owner=alloc,
-                happened_at=alloc.start,
+            yield allocation_finding(
+                self,
+                alloc,
+                use,
+                f"{describe(alloc)} held {alloc.gpus} GPUs for {hours:.1f} h {level} "
+                f"(threshold ≤ {t['max_util_pct']:g} %)",
+                f"{alloc.gpus} GPUs × {hours:.2f} h = {money}",
+                Waste(gpu_hours, usd),
             )

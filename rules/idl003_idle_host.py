@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste, needing
 from audit.warehouse.intervals import allocation_hours, materialised, sample_hour
 from audit.warehouse.samples import logged_by_a_run, resolutions_by_host, util_peak
 from audit.warehouse.slices import partition_slices
+
+from ._usage import IDLE_UTIL
+from .families import IdleCapacity
 
 # Hosts are read in groups of at most this many samples. A host's idle stretches depend on
 # its own samples and jobs only, and DuckDB's memory for the instants, joins and windows
@@ -14,7 +17,7 @@ from audit.warehouse.slices import partition_slices
 SAMPLES_PER_QUERY = 2_500_000
 
 
-class IdleHost(Rule):
+class IdleHost(IdleCapacity, Rule):
     """GPUs sat idle by their own telemetry, with no job on their host, for hours.
 
     What it detects:
@@ -51,15 +54,12 @@ class IdleHost(Rule):
     code = "IDL003"
     name = "idle-host"
     severity = Severity.HIGH
-    family_label = "idle capacity"
     waste_scope = "capacity"  # GPUs paid for outside every job: not part of any job's spend
-    needs = {"gpu_samples": "no GPU telemetry imported"}
+    needs = needing("gpu_samples")
     alone = True
     thresholds = {
         "min_idle_hours": Threshold(4.0, "flag idle stretches at least this long", 0.5, unit="h"),
-        "idle_util_pct": Threshold(
-            5.0, "a GPU at or under this utilisation is idle (OVP001's busy threshold)", 0, 100, "%"
-        ),
+        "idle_util_pct": IDLE_UTIL,
         "max_gap_minutes": Threshold(
             15.0, "telemetry gaps longer than this end a stretch (host down)", 1, unit="min"
         ),

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from audit.recipes import method_matrix
-from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold, needing
 
 from ._shared import recipes
 
@@ -46,8 +46,8 @@ class DominatedRun(Rule):
     severity_from_impact = False  # a hint: a cheaper recipe did as well, no waste claimed
     severity = Severity.INFO
     family_label = "method matrix"
-    reads_shared = frozenset({"facts", "recipes"})
-    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    reads_shared = frozenset({"evaluation runs", "facts", "recipes"})
+    needs = needing("runs", "metrics")
     thresholds = {
         "cost_ratio": Threshold(
             0.9,
@@ -75,8 +75,8 @@ class DominatedRun(Rule):
                     continue
                 run, other = item.run, best.run
                 saved = item.gpu_hours - best.gpu_hours
-                yield self.finding(
-                    subject={"run_id": run.run_id, "run_name": run.name},
+                yield self.run_finding(
+                    run,
                     message=(
                         f"run {run.name!r} ({run.method}, {item.gpu_hours:.1f} GPU-h, target "
                         f"{item.outcome.target_gain:+.3f}, general {item.outcome.general_change:+.3f}) "
@@ -100,9 +100,6 @@ class DominatedRun(Rule):
                         ),
                     },
                     risk_gpu_hours=saved,
-                    team=run.team,
-                    method=run.method,
-                    happened_at=run.start_time,
                 )
 
 

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Waste
 from audit.usage import Unjudged
 
-from ._usage import evidence, judged, priced
+from ._usage import IDLE_UTIL, SHORT_JOB, allocation_finding, judged, priced
+from .families import OverProvisioning
 
 
-class IdleAllocatedGpus(Rule):
+class IdleAllocatedGpus(OverProvisioning, Rule):
     """A job held more GPUs than it used: some allocated GPUs stayed idle all along.
 
     What it detects:
@@ -44,15 +45,10 @@ class IdleAllocatedGpus(Rule):
     code = "OVP001"
     name = "idle-allocated-gpus"
     severity = Severity.HIGH
-    family_label = "over-provisioning"
     reads_shared = frozenset({"facts", "usage"})
     thresholds = {
-        "busy_util_pct": Threshold(
-            5.0, "a GPU whose mean utilisation is above this is in use", 0, 100, "%"
-        ),
-        "min_job_minutes": Threshold(
-            30.0, "shorter jobs are not judged (JDS uses 30 min)", 0, unit="min"
-        ),
+        "busy_util_pct": IDLE_UTIL,
+        "min_job_minutes": SHORT_JOB,
     }
     recommendation = (
         "Request only the GPUs the job uses, or make the training script use all of them."
@@ -93,23 +89,19 @@ class IdleAllocatedGpus(Rule):
             hours = alloc.hours
             gpu_hours = len(idle) * hours
             usd, money = priced(alloc, gpu_hours)
-            yield self.finding(
-                subject=alloc.subject,
-                message=(
-                    f"{alloc.label} used {len(busy)} of {alloc.gpus} allocated GPUs for {hours:.1f} h: "
-                    f"{len(idle)} GPUs averaged {max(g.util for g in idle):.1f} % or less "
-                    f"(idle threshold {t['busy_util_pct']:g} %)"
-                ),
-                evidence=evidence(
-                    alloc, use, formula=f"{len(idle)} idle GPUs × {hours:.2f} h = {money}"
-                ),
-                cost=Waste(gpu_hours, usd),
-                owner=alloc,
+            yield allocation_finding(
+                self,
+                alloc,
+                use,
+                f"{alloc.label} used {len(busy)} of {alloc.gpus} allocated GPUs for {hours:.1f} h: "
+                f"{len(idle)} GPUs averaged {max(g.util for g in idle):.1f} % or less "
+                f"(idle threshold {t['busy_util_pct']:g} %)",
+                f"{len(idle)} idle GPUs × {hours:.2f} h = {money}",
+                Waste(gpu_hours, usd),
                 # never fewer GPUs than it used: the busy ones are what it needs
                 recommendation=(
                     f"Request {len(busy)} GPU{'s' if len(busy) > 1 else ''} (the {'ones' if len(busy) > 1 else 'one'} it used) "
                     f"instead of {alloc.gpus}, or make the training script use all {alloc.gpus}."
                 ),
-                happened_at=alloc.start,
             )
         ctx.notes.extend(unjudged.notes())

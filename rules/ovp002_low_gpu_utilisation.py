@@ -3,10 +3,11 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
 from audit.usage import Unjudged
 
-from ._usage import cards_seen, evidence, judged, smaller_card
+from ._usage import IDLE_UTIL, SHORT_JOB, allocation_finding, cards_seen, judged, smaller_card
+from .families import OverProvisioning
 
 
-class LowGpuUtilisation(Rule):
+class LowGpuUtilisation(OverProvisioning, Rule):
     """Every allocated GPU worked, but far below capacity for a long job.
 
     What it detects:
@@ -47,18 +48,13 @@ class LowGpuUtilisation(Rule):
     code = "OVP002"
     name = "low-gpu-utilisation"
     severity = Severity.MEDIUM
-    family_label = "over-provisioning"
     reads_shared = frozenset({"facts", "usage", "cards seen"})
     thresholds = {
-        "max_mean_util_pct": Threshold(
-            25.0, "flag jobs at or below this mean utilisation (JDS: 25 %)", 0, 100, "%"
+        "max_mean_util_pct": Threshold.percent(
+            25.0, "flag jobs at or below this mean utilisation (JDS: 25 %)"
         ),
-        "idle_util_pct": Threshold(
-            5.0, "a GPU at or below this is idle (OVP001's and IDL002's business)", 0, 100, "%"
-        ),
-        "min_job_minutes": Threshold(
-            30.0, "shorter jobs are not judged (JDS: 30 min)", 0, unit="min"
-        ),
+        "idle_util_pct": IDLE_UTIL,
+        "min_job_minutes": SHORT_JOB,
     }
     recommendation = "Find the bottleneck (input pipeline, batch size) or request fewer GPUs."
 
@@ -107,17 +103,15 @@ class LowGpuUtilisation(Rule):
                         "; from the maximum utilisation (an upper bound of the mean): the "
                         "saving is a lower bound"
                     )
-            yield self.finding(
-                subject=alloc.subject,
-                message=(
-                    f"{alloc.label} {how} GPU utilisation over {hours:.1f} h on "
-                    f"{alloc.gpus} GPU{'s' if alloc.gpus != 1 else ''} "
-                    f"(threshold {limit:g} %){instead}"
-                ),
-                evidence=evidence(alloc, use, formula=formula),
-                cost=Waste(gpu_hours, usd),
-                owner=alloc,
+            yield allocation_finding(
+                self,
+                alloc,
+                use,
+                f"{alloc.label} {how} GPU utilisation over {hours:.1f} h on "
+                f"{alloc.gpus} GPU{'s' if alloc.gpus != 1 else ''} "
+                f"(threshold {limit:g} %){instead}",
+                formula,
+                Waste(gpu_hours, usd),
                 severity=severity,
-                happened_at=alloc.start,
             )
         ctx.notes.extend(unjudged.notes())

@@ -3,12 +3,13 @@ from __future__ import annotations
 from audit.rule_api import Rule, RuleContext, Severity, Threshold
 from audit.rule_registry import effective_thresholds, get_rule
 
-from ._usage import cards_seen, evidence, judged, smaller_card
+from ._usage import ABANDONED_UTIL, allocation_finding, cards_seen, judged, smaller_card
+from .families import OverProvisioning
 
 MIB_PER_GB = 1e9 / 2**20
 
 
-class GpuTooLarge(Rule):
+class GpuTooLarge(OverProvisioning, Rule):
     """The job used a small part of the GPU's memory at low utilisation: a smaller card would do.
 
     What it detects:
@@ -44,24 +45,21 @@ class GpuTooLarge(Rule):
     code = "OVP003"
     name = "gpu-too-large"
     severity = Severity.INFO
-    family_label = "over-provisioning"
     reads_shared = frozenset({"facts", "usage", "cards seen"})
     thresholds = {
-        "max_memory_pct": Threshold(
-            25.0, "peak memory below this share of capacity (when known)", 0, 100, "%"
+        "max_memory_pct": Threshold.percent(
+            25.0, "peak memory below this share of capacity (when known)"
         ),
         "max_memory_gb": Threshold(
             10.0, "peak memory below this when the capacity is unknown (JDS: 10 GB)", 0, unit="GB"
         ),
-        "max_mean_util_pct": Threshold(
-            15.0, "mean utilisation at or below this (JDS: 15 %)", 0, 100, "%"
+        "max_mean_util_pct": Threshold.percent(
+            15.0, "mean utilisation at or below this (JDS: 15 %)"
         ),
         "min_job_minutes": Threshold(
             60.0, "shorter jobs are not judged (JDS: 61 min)", 0, unit="min"
         ),
-        "idle_util_pct": Threshold(
-            1.0, "at or below this the GPUs were idle: IDL002's business", 0, 100, "%"
-        ),
+        "idle_util_pct": ABANDONED_UTIL,
     }
     recommendation = "Use a smaller GPU type or a MIG slice for this workload."
 
@@ -101,23 +99,18 @@ class GpuTooLarge(Rule):
                 _worth, _usd, text, fit = saving
                 formula = f"hint only, not claimed (OVP001 prices the idle GPUs): {text}"
                 instead = f"; {fit.label} would have served it"
-            yield self.finding(
-                subject=alloc.subject,
-                message=(
-                    f"{alloc.label} {memory} at {util:.0f} % {kind} utilisation "
-                    f"(threshold {t['max_mean_util_pct']:g} %){instead}"
-                ),
-                evidence=evidence(
-                    alloc,
-                    use,
-                    peak_memory_mib=round(peak, 1),
-                    capacity_mib=capacity,
-                    model=use.model or alloc.cost.gpu_type,
-                    formula=formula,
-                ),
-                team=alloc.team,
-                method=alloc.method,
-                happened_at=alloc.start,
+            yield allocation_finding(
+                self,
+                alloc,
+                use,
+                f"{alloc.label} {memory} at {util:.0f} % {kind} utilisation "
+                f"(threshold {t['max_mean_util_pct']:g} %){instead}",
+                formula,
+                details={
+                    "peak_memory_mib": round(peak, 1),
+                    "capacity_mib": capacity,
+                    "model": use.model or alloc.cost.gpu_type,
+                },
             )
 
 

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, needing
+
+from ._usage import SHORT_JOB
+from .families import OverProvisioning
 
 
-class TimeLimitOverrequest(Rule):
+class TimeLimitOverrequest(OverProvisioning, Rule):
     """A completed job asked for a time limit many times longer than it ran.
 
     What it detects:
@@ -33,12 +36,11 @@ class TimeLimitOverrequest(Rule):
     code = "OVP004"
     name = "time-limit-overrequest"
     severity = Severity.LOW
-    family_label = "over-provisioning"
     reads_shared = frozenset({"facts"})
-    needs = {"jobs": "no Slurm jobs imported"}
+    needs = needing("jobs")
     thresholds = {
         "ratio": Threshold(4.0, "flag when limit ≥ ratio × elapsed", 1, unit="×"),
-        "min_job_minutes": Threshold(30.0, "shorter jobs are not judged", 0, unit="min"),
+        "min_job_minutes": SHORT_JOB,
     }
     recommendation = (
         "Request a time limit near the expected run time (about 1.5× the longest recent run)."

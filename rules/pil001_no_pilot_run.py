@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste, needing
 
 from ._shared import recipes, regressed_runs
 from ._stability import unstable_runs
@@ -53,6 +53,7 @@ class NoPilotRun(Rule):
     reads_shared = frozenset(
         {
             "PIL001 families",
+            "evaluation runs",
             "facts",
             "recipes",
             "regressed-runs",
@@ -61,7 +62,7 @@ class NoPilotRun(Rule):
             "unstable-runs",
         }
     )
-    needs = {"runs": "no runs imported"}
+    needs = needing("runs")
     thresholds = {
         "large_gpus": Threshold(
             32,
@@ -145,8 +146,8 @@ class NoPilotRun(Rule):
                         f"it {outcome}, too late for a {horizon:g}-h pilot to have shown; "
                         f"{cost.gpu_hours:.1f} GPU-h were at risk"
                     )
-                yield self.finding(
-                    subject={"run_id": run.run_id, "run_name": run.name},
+                yield self.run_finding(
+                    run,
                     message=(
                         f"run {run.name!r} ({size}, {large}) was the first run of its recipe "
                         f"({recipe}): {went}"
@@ -154,8 +155,6 @@ class NoPilotRun(Rule):
                     evidence=evidence,
                     severity=Severity.INFO,
                     risk_gpu_hours=cost.gpu_hours,
-                    owner=run,
-                    happened_at=run.start_time,
                 )
                 continue
             waste = max(cost.gpu_hours - pilot, 0.0)
@@ -165,8 +164,8 @@ class NoPilotRun(Rule):
                 f"{cost.gpu_hours:.2f} GPU-h of the run − {pilot:.2f} GPU-h of a pilot = "
                 f"{cost.formula(waste)}"
             )
-            yield self.finding(
-                subject={"run_id": run.run_id, "run_name": run.name},
+            yield self.run_finding(
+                run,
                 message=(
                     f"run {run.name!r} ({size}, {large}) was the first run of its recipe "
                     f"({recipe}) and {outcome}, which a {horizon:g}-h pilot would have shown: "
@@ -174,8 +173,6 @@ class NoPilotRun(Rule):
                 ),
                 evidence=evidence,
                 cost=Waste(waste, waste * cost.price, basis=cost.basis),
-                owner=run,
-                happened_at=run.start_time,
             )
 
 

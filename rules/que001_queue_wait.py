@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from audit.queue import RunningJobs, by_team_and_partition, sweeps_holding, waits
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, needing
 
 
 class QueueWait(Rule):
@@ -43,7 +43,7 @@ class QueueWait(Rule):
     severity = Severity.INFO
     family_label = "queue wait (management cost)"
     reads_shared = frozenset({"facts"})
-    needs = {"jobs": "no Slurm jobs imported"}
+    needs = needing("jobs")
     thresholds = {
         "team_gpu_hours_waited": Threshold(
             100.0,

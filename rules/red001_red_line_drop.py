@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from audit.recipes import red_line_tolerance
-from audit.rule_api import Rule, RuleContext, Severity, Skip
+from audit.rule_api import Rule, RuleContext, Severity, Skip, needing
+from audit.text import counted, listed
 
 from ._metrics import cost_after_crossing, crossing_point, lookalike_metrics
 from ._shared import recipes
@@ -68,8 +68,8 @@ class RedLineDrop(Rule):
     severity_from_impact = False  # a model that cannot ship, whatever the hours
     severity = Severity.CRITICAL
     family_label = "red-line metrics"
-    reads_shared = frozenset({"RED001 unheld", "facts", "recipes"})
-    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    reads_shared = frozenset({"evaluation runs", "RED001 unheld", "facts", "recipes"})
+    needs = needing("runs", "metrics")
     recommendation = (
         "Stop the run, mix safety data in and gate every evaluation on the red lines (audit gate)."
     )
@@ -101,7 +101,7 @@ class RedLineDrop(Rule):
                 if direction is None:
                     unknown.add(metric)
                     continue
-                allowed = red_line_tolerance(ctx.config, metric)
+                allowed = ctx.config.metrics.red_line_tolerance(metric)
                 gain = direction.improvement(reference[metric], values[metric])
                 if gain < -allowed - 1e-12:
                     drops[metric] = {
@@ -121,12 +121,11 @@ class RedLineDrop(Rule):
                 "unknown; set [metrics] higher_is_better or lower_is_better to match it"
             )
         for base_model, runs in sorted(unjudged.items(), key=lambda kv: str(kv[0])):
-            names = ", ".join(repr(r.name) for r in runs[:3]) + (
-                f" and {len(runs) - 3} more" if len(runs) > 3 else ""
-            )
+            names = listed((repr(r.name) for r in runs), 3)
             ctx.note(
-                f"{len(runs)} run(s) of base model {base_model!r} with red-line metrics have no "
-                f"baseline logging them ({names}): evaluate the base model on the red lines"
+                f"{counted(len(runs), 'run')} of base model {base_model!r} with red-line metrics "
+                f"{'has' if len(runs) == 1 else 'have'} no baseline logging them ({names}): "
+                "evaluate the base model on the red lines"
             )
 
     def _finding(self, ctx, run, baseline, reference, drops):
@@ -141,8 +140,8 @@ class RedLineDrop(Rule):
         }
         waste = cost_after_crossing(run, crossing, evidence, "drop")
         more = f"; {len(drops)} red-line metrics dropped" if len(drops) > 1 else ""
-        return self.finding(
-            subject={"run_id": run.run_id, "run_name": run.name},
+        return self.run_finding(
+            run,
             message=(
                 f"run {run.name!r}: red line {worst_metric} {worst['baseline']:.3f} → "
                 f"{worst['current']:.3f} ({worst['change']:+.3f}; {worst['better']} is better, "
@@ -150,8 +149,6 @@ class RedLineDrop(Rule):
             ),
             evidence=evidence,
             cost=waste,
-            owner=run,
-            happened_at=run.start_time,
         )
 
 

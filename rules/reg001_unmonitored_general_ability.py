@@ -1,13 +1,15 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, needing, run_entry
+from audit.text import listed
 from audit.windows import iso_week
 
 from ._metrics import TRAINING_METHODS_EXCLUDED, lookalike_metrics
-from ._shared import evaluations
+from ._shared import SHORT_RUN, evaluations
+from .families import UnmonitoredRegression
 
 
-class UnmonitoredGeneralAbility(Rule):
+class UnmonitoredGeneralAbility(UnmonitoredRegression, Rule):
     """A training run's model was never evaluated on a general-ability task, by any link.
 
     What it detects:
@@ -50,10 +52,9 @@ class UnmonitoredGeneralAbility(Rule):
     code = "REG001"
     name = "unmonitored-general-ability"
     severity = Severity.MEDIUM
-    family_label = "unmonitored regression"
-    reads_shared = frozenset({"facts", "evaluations"})
-    needs = {"runs": "no runs imported"}
-    thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
+    reads_shared = frozenset({"evaluation runs", "facts", "evaluations"})
+    needs = needing("runs")
+    thresholds = {"min_run_minutes": SHORT_RUN}
     recommendation = (
         "Evaluate the model on a general-ability suite (lm-eval: mmlu, gsm8k, ifeval) and its "
         "base model, and gate on it (audit gate)."
@@ -61,12 +62,7 @@ class UnmonitoredGeneralAbility(Rule):
 
     def check(self, ctx: RuleContext):
         found = evaluations(ctx)
-        monitored = set()
-        for evaluation in found.all:
-            if evaluation.general:
-                run = found.training_run(evaluation)
-                if run is not None:
-                    monitored.add(run.key)
+        monitored = found.monitored_runs
         if not any(e.general for e in found.all):
             lookalikes = lookalike_metrics(ctx)
             if lookalikes:
@@ -97,9 +93,7 @@ class UnmonitoredGeneralAbility(Rule):
         yield from self._models_evaluated_on_domain_tasks_only(ctx, found)
 
     def _runs_finding(self, team: str, week: str, runs: list, eligible: int):
-        names = ", ".join(repr(r.name) for r in runs[:5]) + (
-            f" and {len(runs) - 5} more" if len(runs) > 5 else ""
-        )
+        names = listed(repr(r.name) for r in runs)
         known = [r.cost.gpu_hours for r in runs if r.cost.gpu_hours is not None]
         unknown_hours = sum(r.run_hours or 0 for r in runs if r.cost.gpu_hours is None)
         at_risk = []
@@ -116,17 +110,7 @@ class UnmonitoredGeneralAbility(Rule):
                 + (f" ({', '.join(at_risk)} at risk)" if at_risk else "")
             ),
             evidence={
-                "runs": [
-                    {
-                        "run_id": r.run_id,
-                        "name": r.name,
-                        "method": r.method,
-                        "gpu_hours": r.cost.gpu_hours,
-                        "run_hours": None if r.run_hours is None else round(r.run_hours, 3),
-                        "cost_basis": r.cost.basis,
-                    }
-                    for r in runs
-                ],
+                "runs": [run_entry(r, method=r.method) for r in runs],
                 "links_tried": (
                     "general metrics in the run ([metrics] general), evaluations of its "
                     "output folder, checkpoints or hub_model_id, evaluations naming its run id"
@@ -157,9 +141,8 @@ class UnmonitoredGeneralAbility(Rule):
                 subject={"model": shown},
                 message=(
                     f"fine-tuned model {shown!r} was evaluated on {len(tasks)} domain "
-                    f"task{'s' if len(tasks) > 1 else ''} only ({', '.join(tasks[:6])}"
-                    + (f" and {len(tasks) - 6} more" if len(tasks) > 6 else "")
-                    + "), never on a general-ability task"
+                    f"task{'s' if len(tasks) > 1 else ''} only ({listed(tasks, 6)}), "
+                    "never on a general-ability task"
                 ),
                 evidence={
                     "model": name,

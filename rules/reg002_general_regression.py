@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 from audit.facts.evaluations import headline_tasks
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, Threshold, needing
+from audit.text import counted, listed
 
 from ._metrics import cost_after_crossing, crossing_point, general_values
 from ._shared import evaluations, recipes
+from .families import UnmonitoredRegression
 
 
-class GeneralRegression(Rule):
+class GeneralRegression(UnmonitoredRegression, Rule):
     """A run's general-ability benchmarks fell below its base model's by more than the tolerance.
 
     What it detects:
@@ -57,15 +59,16 @@ class GeneralRegression(Rule):
     name = "general-regression"
     severity_from_impact = False  # a model that cannot ship, whatever the hours
     severity = Severity.HIGH
-    family_label = "unmonitored regression"
-    reads_shared = frozenset({"facts", "general values", "recipes", "evaluations"})
-    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    reads_shared = frozenset(
+        {"evaluation runs", "facts", "general values", "recipes", "evaluations"}
+    )
+    needs = needing("runs", "metrics")
     thresholds = {"tolerance": Threshold(0.02, "allowed absolute drop below the baseline", 0, 1)}
     recommendation = "Gate training on general benchmarks (audit gate) and lower the learning rate or mix in general data."
 
     def check(self, ctx: RuleContext):
         tolerance = ctx.thresholds["tolerance"]
-        baseline_tag = ctx.config.values["attribution"]["baseline_tag"]
+        baseline_tag = ctx.config.attribution.baseline_tag
         found = recipes(ctx)  # baselines: the earliest active tagged run per base model
         baselines = found.baselines
         values = general_values(ctx)
@@ -219,13 +222,14 @@ class GeneralRegression(Rule):
         """One hint per base model, not per run: 100k unjudged runs are one missing eval."""
         for base_model, runs in sorted(without_baseline.items(), key=lambda kv: str(kv[0])):
             runs = sorted(runs, key=lambda r: (r.start_time, r.run_id))
-            examples = ", ".join(repr(r.name) for r in runs[:3])
-            more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+            examples = listed((repr(r.name) for r in runs), 3)
             yield self.finding(
                 subject={"base_model": base_model},
                 message=(
-                    f"{len(runs)} run(s) with general metrics have no baseline run for base model "
-                    f"{base_model!r} ({examples}{more}): their regressions cannot be judged"
+                    f"{counted(len(runs), 'run')} with general metrics "
+                    f"{'has' if len(runs) == 1 else 'have'} no baseline run for base model "
+                    f"{base_model!r} ({examples}): "
+                    f"{'its regressions' if len(runs) == 1 else 'their regressions'} cannot be judged"
                 ),
                 evidence={
                     "base_model": base_model,
@@ -257,8 +261,8 @@ class GeneralRegression(Rule):
         }
         waste = cost_after_crossing(run, crossing, evidence, "regression")
         name, change = worst[0], worst[1]
-        return self.finding(
-            subject={"run_id": run.run_id, "run_name": run.name},
+        return self.run_finding(
+            run,
             message=(
                 f"run {run.name!r}: {name} {change['baseline']:.3f} → {change['current']:.3f} "
                 f"({change['change']:+.3f}; {change['better']} is better, tolerance "
@@ -268,8 +272,6 @@ class GeneralRegression(Rule):
             evidence=evidence,
             severity=Severity.CRITICAL if registered else self.severity,
             cost=waste,
-            owner=run,
-            happened_at=run.start_time,
         )
 
 

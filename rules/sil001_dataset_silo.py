@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity
+from audit.rule_api import Rule, RuleContext, Severity, needing
 
 
 class DatasetSilo(Rule):
@@ -36,7 +36,7 @@ class DatasetSilo(Rule):
     severity = Severity.MEDIUM
     family_label = "data silos"
     reads_shared = frozenset({"facts"})
-    needs = {"dataset_inputs": "no dataset inputs imported"}
+    needs = needing("dataset_inputs")
     thresholds = {}
     recommendation = "Register the dataset once and share one name and version across teams."
 

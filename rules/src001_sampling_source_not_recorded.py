@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Threshold
+from audit.rule_api import Rule, RuleContext, Severity, needing
+from audit.text import counted, listed
 from audit.windows import iso_week
 
 from ._metrics import runs_with_learning_rate
-from ._shared import recipes
+from ._shared import SHORT_RUN, recipes
 
 
 class SamplingSourceNotRecorded(Rule):
@@ -43,15 +44,17 @@ class SamplingSourceNotRecorded(Rule):
     name = "sampling-source-not-recorded"
     severity = Severity.LOW
     family_label = "attribution gaps"
-    reads_shared = frozenset({"facts", "learning-rate runs", "recipes", "teacher runs"})
-    needs = {"runs": "no runs imported"}
-    thresholds = {"min_run_minutes": Threshold(30.0, "shorter runs are not judged", 0, unit="min")}
+    reads_shared = frozenset(
+        {"evaluation runs", "facts", "learning-rate runs", "recipes", "teacher runs"}
+    )
+    needs = needing("runs")
+    thresholds = {"min_run_minutes": SHORT_RUN}
     recommendation = "Log the training method (and, for distillation, the teacher model) as params."
 
     def check(self, ctx: RuleContext):
-        attribution = ctx.config.values["attribution"]
+        attribution = ctx.config.attribution
         with_lr = runs_with_learning_rate(ctx)
-        teacher_keys = list(attribution["teacher_keys"])
+        teacher_keys = list(attribution.teacher_keys)
         with_teacher = ctx.once(  # once for a report's weeks
             ("teacher runs", tuple(teacher_keys)),
             lambda: set(
@@ -64,7 +67,7 @@ class SamplingSourceNotRecorded(Rule):
                 ).fetchall()
             ),
         )
-        distillation = set(attribution["distillation_methods"])
+        distillation = set(attribution.distillation_methods)
         groups: dict[tuple, list] = {}
         is_training = recipes(ctx).is_training
         for run in ctx.facts.runs_in(ctx.window):
@@ -93,20 +96,19 @@ class SamplingSourceNotRecorded(Rule):
             if no_method:
                 parts.append(f"{len(no_method)} without a method")
             if no_teacher:
-                parts.append(f"{len(no_teacher)} distillation run(s) without a teacher")
+                parts.append(f"{counted(len(no_teacher), 'distillation run')} without a teacher")
             teams = {r.team for r, _ in runs}
-            names = ", ".join(repr(r.name) for r, _ in runs[:5]) + (
-                f" and {len(runs) - 5} more" if len(runs) > 5 else ""
-            )
+            names = listed(repr(r.name) for r, _ in runs)
             yield self.finding(
                 subject={"experiment": experiment, "week": week},
                 message=(
-                    f"{len(runs)} training run(s) of experiment {experiment!r} started in {week}: "
+                    f"{counted(len(runs), 'training run')} of experiment {experiment!r} started "
+                    f"in {week}: "
                     f"{' and '.join(parts)} ({names})"
                     + (f"; {sum(known):.1f} GPU-h cannot be attributed by method" if known else "")
                 ),
                 evidence={
-                    "method_keys": attribution["method_keys"],
+                    "method_keys": list(attribution.method_keys),
                     "teacher_keys": teacher_keys,
                     "runs": [
                         {

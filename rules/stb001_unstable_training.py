@@ -1,8 +1,10 @@
 from __future__ import annotations
 
-from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold, Waste
+from audit.rule_api import Rule, RuleContext, Severity, Skip, Threshold, Waste, needing
+from audit.text import counted
 
 from ._metrics import lookalike_metrics
+from ._shared import evaluation_runs
 from ._stability import (
     KINDS,
     LOOKALIKE_WORDS,
@@ -70,8 +72,10 @@ class UnstableTraining(Rule):
     name = "unstable-training"
     severity = Severity.HIGH
     family_label = "unstable training"
-    reads_shared = frozenset({"facts", "stability-points", "stability-series", "unstable-runs"})
-    needs = {"runs": "no runs imported", "metrics": "no metrics imported"}
+    reads_shared = frozenset(
+        {"evaluation runs", "facts", "stability-points", "stability-series", "unstable-runs"}
+    )
+    needs = needing("runs", "metrics")
     thresholds = {
         "warmup_points": Threshold(
             5, "logged points at the start that are never an onset (early steps move fast)", 0
@@ -149,10 +153,11 @@ class UnstableTraining(Rule):
                 "Set those keys to the names your trainer logs"
             )
         unstable = unstable_runs(ctx)
-        eval_methods = set(ctx.config.values["attribution"]["eval_methods"])
+        # an evaluation run's loss curve is not a training instability
+        evaluates = evaluation_runs(ctx).is_evaluation_run
         for run in ctx.facts.runs_in(ctx.window):
             signals = unstable.get(run.key)
-            if not signals or (run.method or "") in eval_methods:
+            if not signals or evaluates(run):
                 continue
             first = signals[0]
             points = series_points(ctx)[run.key][first.metric]
@@ -160,7 +165,7 @@ class UnstableTraining(Rule):
             if span is None:
                 continue  # stopped within the grace: what should happen
             after, went, how = span
-            more = f"; {len(signals) - 1} more signal(s)" if len(signals) > 1 else ""
+            more = f"; {counted(len(signals) - 1, 'more signal')}" if len(signals) > 1 else ""
             evidence = {
                 "signals": [s.as_json() for s in signals],
                 "chart": {
@@ -186,15 +191,14 @@ class UnstableTraining(Rule):
                 )
                 run_hours = after if gpu_hours is None else None
                 went_on = f"training went on for {went:.1f} h"
-            yield self.finding(
-                subject={"run_id": run.run_id, "run_name": run.name},
+            yield self.run_finding(
+                run,
                 message=(
                     f"run {run.name!r}: {first.kind} in {first.metric} at step {first.onset_step} "
                     f"({_value(first.value)}, {first.test}) and {went_on}{more}"
                 ),
                 evidence=evidence,
                 cost=Waste(gpu_hours, usd, run_hours),
-                owner=run,
                 happened_at=first.onset_time or run.start_time,
             )
 
@@ -209,17 +213,11 @@ class UnstableTraining(Rule):
             grace = min(grace, ctx.thresholds["grace_fraction"] * duration)
         end = run.job_end or run.last_seen
         if first.onset_time is not None and end is not None:
-            went = (end - first.onset_time).total_seconds() / 3600
-            after = went - grace
-            if after <= 0:
-                return None
-            return (
-                after,
-                went,
-                (
-                    f"from the onset at {first.onset_time:%Y-%m-%d %H:%M} + {grace:.2f} h grace "
-                    f"to the end at {end:%Y-%m-%d %H:%M}"
-                ),
+            return _past_grace(
+                (end - first.onset_time).total_seconds() / 3600,
+                grace,
+                f"from the onset at {first.onset_time:%Y-%m-%d %H:%M} + {grace:.2f} h grace "
+                f"to the end at {end:%Y-%m-%d %H:%M}",
             )
         steps = [step for step, _ts, _v in points if step is not None]
         onset = first.onset_step
@@ -231,18 +229,19 @@ class UnstableTraining(Rule):
         if duration is None:
             return (None, None, f"trained on from step {onset} to step {high} ({share:.0%} of the "
                     "logged steps); the log has no clock times and no duration")  # fmt: skip
-        went = share * duration
-        after = went - grace
-        if after <= 0:
-            return None
-        return (
-            after,
-            went,
-            (
-                f"{where}: {share:.0%} of the run's {duration:.2f} h, positioned by step, "
-                f"− {grace:.2f} h grace"
-            ),
+        return _past_grace(
+            share * duration,
+            grace,
+            f"{where}: {share:.0%} of the run's {duration:.2f} h, positioned by step, "
+            f"− {grace:.2f} h grace",
         )
+
+
+def _past_grace(went: float, grace: float, how: str) -> tuple[float, float, str] | None:
+    """(hours trained past the grace, hours trained after the onset, how), or None when the
+    run stopped within the grace."""
+    after = went - grace
+    return None if after <= 0 else (after, went, how)
 
 
 def _value(value: float) -> str:

@@ -218,3 +218,42 @@ def test_the_jobs_extra_columns_are_the_last_fields_of_job_facts_in_order():
     """Facts.load passes a job's JOB_EXTRA_COLUMNS as JobFacts' last positional fields."""
     names = [f.name for f in dataclasses.fields(JobFacts)]
     assert names[-len(JOB_EXTRA_COLUMNS) :] == list(JOB_EXTRA_COLUMNS)
+
+
+def test_evaluation_runs_are_one_definition_read_by_recipes_and_evaluations(tmp_path):
+    """A run evaluates by its method, its audit.kind tag, lm-eval's metric names, or
+    lm-eval's sanitised names with its params: recipes and evaluations read the one answer."""
+    from audit.facts.evaluations import EvaluationRuns, Evaluations
+    from audit.recipes import Recipes
+
+    loss = {"loss": [[0, 1, 2.0]]}
+    data = {
+        "runs": [
+            {"run_id": "by-method", "params": {"method": "eval"}},
+            {"run_id": "tagged", "tags": {"audit.kind": "evaluation"}, "metrics": loss},
+            {"run_id": "lm-eval", "metrics": {"arc_easy/acc,none": [[0, 1, 0.7]]}},
+            {
+                "run_id": "sanitised",
+                "params": {"tasks": "gsm8k"},
+                "metrics": {"exact_match_strict_match": [[0, 1, 0.4]]},
+            },
+            # a sanitised name without lm-eval's params is a training run's metric
+            {
+                "run_id": "trains",
+                "params": {"method": "sft"},
+                "metrics": {"acc_none": [[0, 1, 1.0]]},
+            },
+        ]
+    }
+    wh, config = build_warehouse(tmp_path / "w.duckdb", data)
+    try:
+        facts = Facts.load(wh.con, config)
+        found = EvaluationRuns.load(wh.con, config, facts)
+        recipes = Recipes.load(wh.con, config, facts)
+        evaluations = Evaluations(wh.con, config, facts)
+    finally:
+        wh.close()
+    evaluating = {r.run_id for r in facts.runs if found.is_evaluation_run(r)}
+    assert evaluating == {"by-method", "tagged", "lm-eval", "sanitised"}
+    assert {r.run_id for r in facts.runs if recipes.is_training(r)} == {"trains"}
+    assert {r.run_id for r in facts.runs if evaluations.is_training(r)} == {"trains"}

@@ -36,6 +36,8 @@ def test_wheel_installs_and_runs_the_demo_import(tmp_path):
     assert not any(n.startswith(("rules/", "tests/")) for n in names)
     sources = {f"audit/{p.relative_to(REPO / 'audit')}" for p in (REPO / "audit").rglob("*.py")}
     assert sources <= set(names), f"modules missing from the wheel: {sorted(sources - set(names))}"
+    # the MIT licence text travels with the wheel (PEP 639 license-files)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -21,6 +21,7 @@ from audit import Registry
 from audit.errors import InputError
 from audit.query.fields import quote_identifier
 from audit.query.filter import (
+    LIMITS_HELP,
     MAX_DEPTH,
     MAX_FIELDS,
     MAX_FILTER_CHARACTERS,
@@ -138,7 +139,18 @@ def test_filters_past_a_limit_are_refused_naming_it(make, limit_text, demo_db, r
     code, _, err = _search(demo_db, run_cli, make())
     assert code == 2, err
     assert err.startswith("Error: invalid filter") and limit_text in err
-    assert "README" in err
+    assert "see docs/search.md#filter-limits" in err
+
+
+def test_the_limits_help_names_a_section_that_exists():
+    page, anchor = LIMITS_HELP.removeprefix("see ").split("#")
+    text = (REPO / page).read_text(encoding="utf-8")
+    headings = {
+        line.lstrip("#").strip().lower().replace(" ", "-")
+        for line in text.splitlines()
+        if line.startswith("#")
+    }
+    assert anchor in headings
 
 
 def test_the_python_api_refuses_100000_terms_without_crashing(demo_db):

@@ -31,8 +31,8 @@ from audit.errors import AuditError, InputError
 from audit.facts.direction import Direction, Directions
 from audit.facts.shift import shift_of_runs
 from audit.query.run_ids import find_run_id, resolve_run_id
-from audit.recipes import red_line_tolerance
 from audit.rule_registry import effective_thresholds, get_rule
+from audit.text import listed
 from audit.warehouse import open_warehouse
 
 
@@ -84,7 +84,7 @@ def gate(
     if not math.isfinite(tolerance) or tolerance < 0:
         # NaN would fail every metric (no comparison holds), infinity pass every one
         raise InputError(f"--tolerance must be a finite number ≥ 0, got {tolerance}")
-    globs = metrics or list(config.values["metrics"]["general"])
+    globs = metrics or list(config.metrics.general)
     if refresh:
         from audit.importers.mlflow.single import refresh_run
 
@@ -101,7 +101,7 @@ def gate(
             raise CannotJudge(f"run {run_id} is its own baseline")
         current = _values(wh, run_id, globs)
         reference = _values(wh, baseline_id, globs)
-        red_globs = list(config.values["metrics"]["red_lines"])
+        red_globs = list(config.metrics.red_lines)
         red_current = _values(wh, run_id, red_globs) if red_globs else {}
         red_reference = _values(wh, baseline_id, red_globs) if red_globs else {}
         shift = _shift(wh, run_id, config)
@@ -113,7 +113,7 @@ def gate(
             key,
             red_reference[key],
             red_current[key],
-            red_line_tolerance(config, key),
+            config.metrics.red_line_tolerance(key),
             True,
             directions(key),
         )
@@ -146,9 +146,7 @@ def _shift(wh, run_id: str, config: Config) -> dict | None:
 
 def _listed(keys, shown: int = 8) -> str:
     """Metric names for a message: the first few in order, then how many more."""
-    names = sorted(keys)
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
+    return listed(sorted(keys), shown)
 
 
 def _refuse_unknown_directions(metrics: list[str], directions: Directions, what: str) -> None:
@@ -205,8 +203,7 @@ def _row(
 
 
 def _baseline_for(wh, run_id: str, config: Config) -> str:
-    attribution = config.values["attribution"]
-    keys = attribution["base_model_keys"]
+    keys = list(config.attribution.base_model_keys)
     base = wh.con.execute(
         "SELECT value FROM params WHERE run_id = ? AND list_contains(?, key) ORDER BY list_position(?, key) LIMIT 1",
         [run_id, keys, keys],
@@ -222,11 +219,11 @@ def _baseline_for(wh, run_id: str, config: Config) -> str:
         JOIN params p ON p.source_id = r.source_id AND p.run_id = r.run_id AND list_contains(?, p.key) AND p.value = ?
         WHERE r.lifecycle_stage = 'active' ORDER BY r.start_time LIMIT 1
         """,
-        [attribution["baseline_tag"], keys, base[0][0]],
+        [config.attribution.baseline_tag, keys, base[0][0]],
     ).fetchall()
     if not rows:
         raise CannotJudge(
-            f"no baseline for base model {base[0][0]!r}: tag its evaluation run {attribution['baseline_tag']}=true "
+            f"no baseline for base model {base[0][0]!r}: tag its evaluation run {config.attribution.baseline_tag}=true "
             "or pass --baseline RUN_ID"
         )
     return rows[0][0]

@@ -31,7 +31,6 @@ anything else is there, it skips the entry and says so.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -41,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from audit import interrupts
-from audit.atomic import AppendOnlyLog, read_log
+from audit.atomic import AppendOnlyLog, read_log, warehouse_lock
 from audit.config import Config
 from audit.errors import InputError
 from audit.facts.checkpoints import (
@@ -381,29 +380,15 @@ def apply_plan(plan_path: Path, db: Path, manifest_path: Path, config: Config) -
     return summary
 
 
-@contextlib.contextmanager
 def _apply_lock(db: Path):
     """An exclusive lock on ``<warehouse>.prune-lock`` for the whole apply, or InputError
     naming the process that holds it."""
-    lock_path = Path(f"{db}.prune-lock")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise InputError(f"{lock_path}: cannot open the prune lock ({exc.strerror})") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise InputError(
-                f"another audit prune --apply is running on {db} (process {holder}); "
-                "nothing was deleted by this one: run it again when that one ends"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return warehouse_lock(
+        db,
+        "prune",
+        f"another audit prune --apply is running on {db} (process {{holder}}); "
+        "nothing was deleted by this one: run it again when that one ends",
+    )
 
 
 def _apply_entries(

@@ -12,6 +12,7 @@ import click
 import duckdb
 
 from audit import __version__, interrupts
+from audit.cli.options import FILE
 from audit.config import DEFAULT_CONFIG_NAME, Config
 from audit.errors import AuditError, WarehouseError
 from audit.text import terminal_safe
@@ -154,7 +155,7 @@ def _default_config() -> str | None:
 @click.option(
     "--db",
     "db_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     envvar="AUDIT_DB",
     default="audit.duckdb",
     show_default=True,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from audit import atomic, interrupts
 from audit.cli import AppContext, cli, pass_app
+from audit.cli.options import FILE
 from audit.errors import AuditError
 from audit.format import table
 from audit.text import counted
@@ -131,13 +131,13 @@ def gate_command(
 @click.option(
     "--plan",
     "plan_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     help="Write the deletion plan (JSON) from the current checkpoint findings.",
 )
 @click.option(
     "--apply",
     "apply_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     help="Delete what this plan lists, after re-checking each entry.",
 )
 @click.option(
@@ -147,7 +147,7 @@ def gate_command(
 )
 @click.option(
     "--manifest",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     help="Where --apply records what it deleted and skipped (default: PLAN.manifest.jsonl).",
 )
 @pass_app

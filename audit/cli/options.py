@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 DATE = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"])
+FILE = click.Path(dir_okay=False, path_type=Path)  # a file to read or write, not a folder
 
 
 def window_options(since_help: str, until_help: str):
@@ -43,7 +44,14 @@ def format_option(choices: list[str], default: str, help: str):
 
 def output_option(help: str):
     """``--output``: a file to write (not a folder)."""
-    return click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help=help)
+    return click.option("--output", type=FILE, help=help)
+
+
+def limit_option(default: int, help: str):
+    """``--limit``: at most this many (a whole number from 1)."""
+    return click.option(
+        "--limit", type=click.IntRange(min=1), default=default, show_default=True, help=help
+    )
 
 
 def skip_bad_option(what: str):

@@ -10,7 +10,7 @@ import click
 import polars as pl
 
 from audit.cli import AppContext, cli, pass_app
-from audit.cli.options import format_option
+from audit.cli.options import FILE, format_option, limit_option
 from audit.format import cell, json_default, json_text, table
 from audit.text import counted
 from audit.text import terminal_safe as safe
@@ -70,13 +70,7 @@ def runs_group() -> None:
     metavar="EXPR",
     help="e.g. 'metrics.acc DESC' (repeatable; numbers sort as numbers).",
 )
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=100,
-    show_default=True,
-    help="At most this many runs.",
-)
+@limit_option(100, "At most this many runs.")
 @click.option(
     "--columns", help="Extra columns, comma separated: params.<key>,metrics.<key>,tags.<key>."
 )
@@ -116,7 +110,7 @@ def runs_search(
 @click.option(
     "--config",
     "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     help="A training config (YAML, JSON or TOML); nested keys are joined with '.'.",
 )
 @click.option(
@@ -130,13 +124,7 @@ def runs_search(
     "--ignore",
     help="Keys to leave out of the comparison, comma separated (volatile ones always are).",
 )
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1),
-    default=10,
-    show_default=True,
-    help="Nearest neighbours to show.",
-)
+@limit_option(10, "Nearest neighbours to show.")
 @click.option(
     "--fail-if-exists", is_flag=True, help="Exit 1 when a FINISHED run with the same config exists."
 )
@@ -322,7 +310,7 @@ def sql_command(app: AppContext, query, fmt, timeout) -> None:
     Example:
       audit sql "select key, count(*) from params group by key order by 2 desc limit 10"
     """
-    timeout = timeout if timeout is not None else app.config.get("sql", "timeout_seconds")
+    timeout = timeout if timeout is not None else app.config.sql.timeout_seconds
     frame = _registry(app).sql(query, timeout)
     emit(frame, fmt, empty=f"no rows ({', '.join(frame.columns)})" if frame.columns else "no rows")
 

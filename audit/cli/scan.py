@@ -67,7 +67,9 @@ def scan_command(
     shared: dict = {}
     with app.warehouse() as wh:
         # summarise reads the facts; the rules' other shared computations go when done
-        result = scan(wh, config, rules, window, shared, keep=frozenset({"facts"}))
+        result = scan(
+            wh, config, rules, window, shared, keep=frozenset({"facts", "evaluation runs"})
+        )
         summary = summarise(result, wh.con, config, shared)
         if fmt == "html":
             from audit.reports.render import render_html

@@ -44,7 +44,7 @@ def watch(app: AppContext, once: bool, enforce: bool, interval: str | None) -> N
     from audit.watch.settings import parse_duration
 
     config = app.config
-    settings = config.values["watch"]
+    settings = config.watch
     if not settings.policies:
         raise InputError(
             "no [watch.policy.NAME] in the config: nothing to watch for (see docs/watch.md)"

@@ -171,11 +171,12 @@ def direction_of(name: str, config: Config, recorded: bool | None = None) -> Dir
     ``higher_is_better``), when it wrote anything."""
     if recorded is not None:
         return Direction(HIGHER if recorded else LOWER, "recorded by the evaluation tool")
-    metrics = config.values["metrics"]
-    for key, sign in (("lower_is_better", LOWER), ("higher_is_better", HIGHER)):
-        glob = next((g for g in metrics[key] if fnmatchcase(name, g)), None)
-        if glob is not None:
-            return Direction(sign, f"config [metrics] {key} {glob!r}")
+    stated = config.metrics.direction_of(name)
+    if stated is not None:
+        key, glob = stated
+        return Direction(
+            HIGHER if key == "higher_is_better" else LOWER, f"config [metrics] {key} {glob!r}"
+        )
     by_name = direction_by_name(name)
     if by_name is not None:
         return by_name

@@ -42,8 +42,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
+from functools import cached_property
 
-from audit.config import Config
+from audit.config import AttributionSection, Config
 from audit.costs import Facts, RunFacts
 from audit.facts.direction import Direction, Directions
 
@@ -248,21 +249,99 @@ def split_metric_key(key: str, single_task: str | None) -> tuple[str, str, str] 
     return None
 
 
+def lm_eval_metrics(keys, values: dict[str, str]) -> dict[str, tuple[str, str, str]]:
+    """A run's lm-evaluation-harness metrics, key -> (task, metric, filter), when the run is
+    an lm-eval run (lm-eval's own ``acc,none`` spelling, or its sanitised ``acc_none`` with
+    lm-eval's ``model_args``/``tasks`` params in ``values``); else empty."""
+    tasks = [t for t in re.split(r"[,\s]+", values.get("tasks") or values.get("task") or "") if t]
+    single = tasks[0] if len(tasks) == 1 else None
+    parsed = {key: split_metric_key(key, single) for key in keys}
+    found = {k: p for k, p in parsed.items() if p is not None}
+    if any("," in k for k in found) or (found and (values.get("model_args") or tasks)):
+        return found
+    return {}
+
+
+# params or tags that tell an lm-eval run or a declared evaluation run
+EVALUATION_RUN_KEYS = ("audit.kind", "model_args", "task", "tasks")
+
+
+@dataclass(frozen=True)
+class EvaluationRuns:
+    """Which runs evaluate a model rather than train one: the one definition, read by the
+    evaluations below, the recipes (``audit.recipes``), the method matrix, the summary's
+    evaluation spend and STB001.
+
+    A run evaluates when it has results in ``eval_results`` (``audit ingest evals``), logged
+    lm-eval's metrics (``lm_eval_metrics``), is tagged ``audit.kind=evaluation``, or its
+    method is one of ``[attribution] eval_methods``."""
+
+    keys: frozenset[tuple]  # runs recognised by their records (the first three above)
+    attribution: AttributionSection
+
+    def is_evaluation_run(self, run: RunFacts) -> bool:
+        return run.key in self.keys or self.attribution.is_evaluation_method(run.method)
+
+    @classmethod
+    def load(cls, con, config: Config, facts: Facts) -> EvaluationRuns:
+        key_of = facts.key_of
+        keys = set()
+        if _has_results_table(con):
+            keys = {
+                key_of(source_id, run_id)
+                for source_id, run_id in con.execute(
+                    "SELECT DISTINCT source_id, run_id FROM eval_results "
+                    "WHERE value IS NOT NULL AND isfinite(value)"
+                ).fetchall()
+            }
+        values = _run_values(con, facts, list(EVALUATION_RUN_KEYS))
+        keys |= {k for k, v in values.items() if v.get("audit.kind") == "evaluation"}
+        # only the metric names lm-eval could have written are read per run
+        candidates = [
+            key
+            for (key,) in con.execute(
+                "SELECT DISTINCT key FROM latest_metrics WHERE NOT starts_with(key, 'system/')"
+            ).fetchall()
+            if split_metric_key(key, "task") is not None
+        ]
+        logged: dict[tuple, list[str]] = {}
+        if candidates:
+            for source_id, run_id, key in con.execute(
+                "SELECT source_id, run_id, key FROM latest_metrics WHERE list_contains(?, key) "
+                "AND value IS NOT NULL AND isfinite(value)",
+                [candidates],
+            ).fetchall():
+                logged.setdefault(key_of(source_id, run_id), []).append(key)
+        keys |= {k for k, names in logged.items() if lm_eval_metrics(names, values.get(k, {}))}
+        return cls(frozenset(keys), config.attribution)
+
+
+def shared_evaluation_runs(
+    con, config: Config, facts: Facts, shared: dict | None
+) -> EvaluationRuns:
+    """The evaluation runs of ``shared`` (the per-scan cache of rules and reports), once."""
+    if shared is None:
+        return EvaluationRuns.load(con, config, facts)
+    if ("evaluation runs",) not in shared:
+        shared[("evaluation runs",)] = EvaluationRuns.load(con, config, facts)
+    return shared[("evaluation runs",)]
+
+
 class Evaluations:
     """Every evaluation of the warehouse, read once, with the links between models."""
 
-    def __init__(self, con, config: Config, facts: Facts):
+    def __init__(self, con, config: Config, facts: Facts, runs: EvaluationRuns | None = None):
         self.config = config
         self.facts = facts
-        settings = config.values["evaluations"]
-        self.general_tasks = list(settings["general_tasks"])
-        self.general_metrics = list(config.values["metrics"]["general"])
-        self.base_models = {normalise_model(k): v for k, v in settings["base_models"].items()}
+        self.runs = runs if runs is not None else EvaluationRuns.load(con, config, facts)
+        settings = config.evaluations
+        self.general_tasks = settings.general_tasks
+        self.general_metrics = config.metrics.general
+        self.base_models = {normalise_model(k): v for k, v in settings.base_models.items()}
         self.directions = Directions(config)
-        self.eval_methods = set(config.values["attribution"]["eval_methods"])
         params = _run_values(con, facts, self._param_keys(config))
         self._params = params
-        self.evaluation_runs: set[tuple] = set()
+        self._with_results: set[tuple] = set()  # runs read from eval_results
         self.all: list[Evaluation] = []
         self._from_results_table(con, params)
         self._from_tracker_runs(con, params)
@@ -279,14 +358,10 @@ class Evaluations:
             fnmatchcase(task, g) for g in self.general_metrics
         )
 
-    def is_evaluation_run(self, run: RunFacts) -> bool:
-        """Whether a run evaluates a model rather than training one."""
-        return run.key in self.evaluation_runs or (run.method or "") in self.eval_methods
-
     def is_training(self, run: RunFacts) -> bool:
         """Whether a run trains a model: not an evaluation, and a training method, a
         learning-rate param, or a training series (a loss, reward or KL of [metrics])."""
-        if self.is_evaluation_run(run):
+        if self.runs.is_evaluation_run(run):
             return False
         return run.method is not None or run.key in self._training_signals
 
@@ -304,7 +379,6 @@ class Evaluations:
     # -- loading -----------------------------------------------------------------------
     @staticmethod
     def _param_keys(config: Config) -> list[str]:
-        attribution = config.values["attribution"]
         return sorted(
             {
                 "model",
@@ -324,8 +398,8 @@ class Evaluations:
                 "hub_model_id",
                 "audit.kind",
                 *OUTPUT_KEYS,
-                *attribution["evaluated_model_keys"],
-                *config.values["evaluations"]["training_run_keys"],
+                *config.attribution.evaluated_model_keys,
+                *config.evaluations.training_run_keys,
             }
         )
 
@@ -340,11 +414,7 @@ class Evaluations:
             or args.get("model")
             or values.get("model_name")
             or next(
-                (
-                    values[k]
-                    for k in self.config.values["attribution"]["evaluated_model_keys"]
-                    if values.get(k)
-                ),
+                (values[k] for k in self.config.attribution.evaluated_model_keys if values.get(k)),
                 None,
             )
         )
@@ -354,10 +424,7 @@ class Evaluations:
         return normalise_model(model), revision or None, normalise_model(adapter), label
 
     def _from_results_table(self, con, params: dict) -> None:
-        exists = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'eval_results'"
-        ).fetchall()[0][0]
-        if not exists:
+        if not _has_results_table(con):
             return
         rows = con.execute(
             """
@@ -374,9 +441,9 @@ class Evaluations:
             run = self.facts.run(source_id, run_id)
             if run is None:
                 continue
-            self.evaluation_runs.add(run.key)
+            self._with_results.add(run.key)
             values = params.get(run.key, {})
-            model, revision, adapter, label = self._model_and_label(values)
+            identity = self._model_and_label(values)
             settings = _settings(
                 n_shot=n_shot,
                 limit=limit,
@@ -388,20 +455,9 @@ class Evaluations:
             )
             key = (run.key, task)
             if key not in grouped:
-                grouped[key] = Evaluation(
-                    run,
-                    model,
-                    revision,
-                    adapter,
-                    task,
-                    settings,
-                    source="results file",
-                    general=self.is_general(task),
-                    at=run.start_time,
-                    task_hash=task_hash or None,
-                    label=label,
+                grouped[key] = self._evaluation(
+                    run, identity, task, settings, "results file", task_hash=task_hash or None
                 )
-                self.all.append(grouped[key])
             grouped[key].results[(metric, lm_filter or "")] = Result(value, better, stderr)
             grouped[key].is_group = grouped[key].is_group or bool(is_group)
 
@@ -418,33 +474,40 @@ class Evaluations:
         ).fetchall():
             latest.setdefault((source_id, run_id), {})[key] = value
         for run in self.facts.runs:
-            if run.key in self.evaluation_runs or run.key not in latest:
+            if run.key in self._with_results or run.key not in latest:
                 continue
             values = params.get(run.key, {})
             metrics = latest[run.key]
-            tasks = [
-                t for t in re.split(r"[,\s]+", values.get("tasks") or values.get("task") or "") if t
-            ]
-            single = tasks[0] if len(tasks) == 1 else None
-            parsed = {key: split_metric_key(key, single) for key in metrics}
-            lm_eval = {k: p for k, p in parsed.items() if p is not None}
-            declared = values.get("audit.kind") == "evaluation"
-            # lm-eval's own spelling ("acc,none"), or its sanitised one with lm-eval's params
-            looks_lm_eval = any("," in k for k in lm_eval) or (
-                lm_eval and (values.get("model_args") or tasks)
-            )
-            if looks_lm_eval:
-                self.evaluation_runs.add(run.key)
+            lm_eval = lm_eval_metrics(metrics, values)
+            if lm_eval:
                 self._add_tracker(run, values, metrics, lm_eval, "tracker run")
-            elif declared or (run.method or "") in self.eval_methods:
-                self.evaluation_runs.add(run.key)
+            elif self.runs.is_evaluation_run(run):  # declared, or of an evaluation method
                 per_metric = {k: (k, k, "") for k in metrics}
                 self._add_tracker(run, values, metrics, per_metric, "evaluation run")
             else:
                 self._add_training_evals(run, metrics)
 
+    def _evaluation(self, run, identity, task, settings, source: str, **extra) -> Evaluation:
+        """A new evaluation of ``run`` (``identity``: model, revision, adapter, label), kept."""
+        model, revision, adapter, label = identity
+        evaluation = Evaluation(
+            run,
+            model,
+            revision,
+            adapter,
+            task,
+            settings,
+            source=source,
+            general=self.is_general(task),
+            at=run.start_time,
+            label=label,
+            **extra,
+        )
+        self.all.append(evaluation)
+        return evaluation
+
     def _add_tracker(self, run, values, metrics, parsed, source: str) -> None:
-        model, revision, adapter, label = self._model_and_label(values)
+        identity = self._model_and_label(values)
         settings = _settings(
             n_shot=values.get("num_fewshot"),
             limit=values.get("limit"),
@@ -459,19 +522,8 @@ class Evaluations:
                 continue
             evaluation = by_task.get(task)
             if evaluation is None:
-                evaluation = by_task[task] = Evaluation(
-                    run,
-                    model,
-                    revision,
-                    adapter,
-                    task,
-                    settings,
-                    source=source,
-                    general=self.is_general(task),
-                    at=run.start_time,
-                    label=label,
-                )
-                self.all.append(evaluation)
+                evaluation = self._evaluation(run, identity, task, settings, source)
+                by_task[task] = evaluation
             evaluation.results[(metric, lm_filter)] = Result(metrics[key])
 
     def _add_training_evals(self, run: RunFacts, metrics: dict[str, float]) -> None:
@@ -502,7 +554,7 @@ class Evaluations:
         """Normalised model paths and names -> the training run that wrote them."""
         out: dict[str, RunFacts] = {}
         for run in self.facts.runs:
-            if self.is_evaluation_run(run):
+            if self.runs.is_evaluation_run(run):
                 continue
             values = params.get(run.key, {})
             for key in (*OUTPUT_KEYS, "hub_model_id"):
@@ -518,8 +570,7 @@ class Evaluations:
         return out
 
     def _runs_that_train(self, con) -> set[tuple]:
-        metrics = self.config.values["metrics"]
-        globs = [g for kind in TRAINING_SERIES for g in metrics[kind]]
+        globs = [g for kind in TRAINING_SERIES for g in self.config.metrics.globs(kind)]
         key_of = self.facts.key_of
         found = {
             key_of(source_id, run_id)
@@ -551,7 +602,7 @@ class Evaluations:
         if evaluation.in_training:
             return evaluation.run
         values = self._params.get(evaluation.run.key, {})
-        for key in self.config.values["evaluations"]["training_run_keys"]:
+        for key in self.config.evaluations.training_run_keys:
             named = values.get(key)
             if named:
                 run = self.facts.run_by_id(named)
@@ -569,6 +620,13 @@ class Evaluations:
                     break
                 path = parent
         return None
+
+    @cached_property
+    def monitored_runs(self) -> frozenset[tuple]:
+        """The training runs whose model was evaluated on a general-ability task, by any
+        link (REG001 and DSH001 judge the others)."""
+        runs = (self.training_run(e) for e in self.all if e.general)
+        return frozenset(run.key for run in runs if run is not None)
 
     def base_of(self, model: str | None, adapter: str | None = None) -> str | None:
         """The model a fine-tuned ``model`` was tuned from, or None when nothing says."""
@@ -615,6 +673,14 @@ def _same_model(left: str | None, right: str | None) -> bool:
     if left is None or right is None:
         return False
     return left.removesuffix("-hf") == right.removesuffix("-hf")
+
+
+def _has_results_table(con) -> bool:
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'eval_results'"
+        ).fetchall()[0][0]
+    )
 
 
 def _settings(**values) -> tuple[tuple[str, str], ...]:

@@ -111,13 +111,13 @@ class Prices:
     """The price of a GPU-hour of a card, from the configuration and the catalogue."""
 
     def __init__(self, config: Config):
-        settings = config.values["prices"]
-        given = dict(settings["gpu_hour_usd"])
+        settings = config.prices
+        given = dict(settings.gpu_hour_usd)
         self.default = float(given.pop("default", DEFAULT_PRICE))
         self.overrides = [(tokens(k), k, float(v)) for k, v in given.items()]
         self.by_cluster = {
             cluster: [(tokens(k), k, float(v)) for k, v in table.items()]
-            for cluster, table in settings["by_cluster"].items()
+            for cluster, table in settings.by_cluster.items()
         }
         self._known: dict[tuple, Price] = {}
 

@@ -178,19 +178,17 @@ class Shifts:
         self.config = config
         self.facts = facts
         self.recipes = recipes
-        metrics, attribution = config.values["metrics"], config.values["attribution"]
-        self.settings = config.values["shift"]
+        metrics, attribution = config.metrics, config.attribution
+        self.settings = config.shift
         self._globs = {
-            "explicit": list(metrics["shift"]),
-            "kl": list(metrics["reference_kl"]),
-            "loss": [*metrics["loss"], *EVAL_LOSSES],
-            "reward": list(metrics["reward"]),
+            "explicit": list(metrics.shift),
+            "kl": list(metrics.reference_kl),
+            "loss": [*metrics.loss, *EVAL_LOSSES],
+            "reward": list(metrics.reward),
             "preference": list(PREFERENCE_METRICS),
         }
-        self._sft = {m.lower() for m in attribution["sft_methods"]}
-        self._rl = {
-            m.lower() for m in [*attribution["rl_methods"], *attribution["distillation_methods"]]
-        }
+        self._sft = {m.lower() for m in attribution.sft_methods}
+        self._rl = {m.lower() for m in [*attribution.rl_methods, *attribution.distillation_methods]}
         self.by_run: dict[tuple, Shift] = {}
         self._load(con)
 
@@ -295,7 +293,7 @@ class Shifts:
         ]
         team = shift.run.team
         mine = [s for s in same if s.run.team == team]
-        if team and len(mine) >= self.settings["min_history"]:
+        if team and len(mine) >= self.settings.min_history:
             return mine, f"team {team}"
         return same, "all teams"
 
@@ -309,13 +307,13 @@ class Shifts:
         return {task: statistics.fmean(v) for task, v in sorted(values.items())}
 
     def place(self, shift: Shift) -> Placement:
-        far_above = self.settings["far_above"].get(shift.kind)
+        far_above = self.settings.far_above.get(shift.kind)
         if shift.run.base_model:
             history, scope = self.history(shift)
         else:
             history, scope = [shift], "no base model"
         distances = self.task_distances(history)
-        enough = len(history) >= self.settings["min_history"] and len(distances) >= 2
+        enough = len(history) >= self.settings.min_history and len(distances) >= 2
         if enough:
             values = [s.value for s in history]
             percentile = sum(1 for v in values if v <= shift.value) / len(values)
@@ -337,7 +335,7 @@ class Shifts:
         if placement.basis == "history":
             limit = placement.cuts[1]
         elif placement.basis == "threshold":
-            limit = self.settings["far_above"][shift.kind]
+            limit = self.settings.far_above[shift.kind]
         else:
             return []
         history, _scope = self.history(shift) if shift.run.base_model else ([], "")
@@ -362,7 +360,6 @@ class Shifts:
         """Per base model and bucket, every method's figures and the one the history favours,
         from the finished training runs started before ``until`` (None: all)."""
         recipes = self.recipes
-        eval_methods = set(self.config.values["attribution"]["eval_methods"])
         by_base: dict[str, list[RunFacts]] = {}
         for run in self.facts.runs:
             if (
@@ -370,7 +367,7 @@ class Shifts:
                 or run.lifecycle_stage != "active"
                 or not run.base_model
                 or not run.method
-                or run.method in eval_methods
+                or recipes.evaluation_runs.is_evaluation_run(run)
                 or recipes.is_baseline(run)
                 or not run.cost.known
                 or (until is not None and (run.start_time is None or run.start_time >= until))
@@ -498,7 +495,7 @@ class Shifts:
             )
         cell = Cell(base_model, bucket, tasks, cuts, kind, methods)
         cell.favoured, cell.reason = _favoured(
-            methods, tolerance, settings["min_cell_runs"], settings["min_method_runs"]
+            methods, tolerance, settings.min_cell_runs, settings.min_method_runs
         )
         return cell
 

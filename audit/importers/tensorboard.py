@@ -30,7 +30,7 @@ from pathlib import Path
 
 import polars as pl
 
-from audit.errors import InputError
+from audit.errors import InputError, install_hint
 from audit.importers import numbers
 from audit.importers.files import ParsedUnit
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
@@ -94,7 +94,7 @@ def _tensorboard():
     except ImportError:
         raise InputError(
             "reading TensorBoard event files needs TensorBoard's loader: "
-            "pip install 'audit-waste[tensorboard]'"
+            + install_hint("tensorboard")
         ) from None
     return types.SimpleNamespace(
         data_compat=data_compat,
@@ -196,7 +196,7 @@ class TensorBoardSource(RunFolderSource):
 
     \b
     Example:
-      pip install 'audit-waste[tensorboard]'
+      pip install -e '.[tensorboard]'     # in a checkout (docs/install.md)
       audit ingest tensorboard outputs/sft-qwen/runs
     """
 

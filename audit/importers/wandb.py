@@ -49,7 +49,7 @@ from pathlib import Path
 import polars as pl
 
 from audit import bounded_yaml
-from audit.errors import InputError
+from audit.errors import InputError, install_hint
 from audit.importers import numbers, record_log
 from audit.importers.console import world_size
 from audit.importers.files import ParsedUnit
@@ -857,7 +857,7 @@ class WandbSource(RunFolderSource):
 
     \b
     Example:
-      pip install 'audit-waste[wandb]'
+      pip install -e '.[wandb]'     # in a checkout (docs/install.md)
       audit ingest wandb /scratch/agents/wandb
       audit ingest wandb --skip-bad runs/*/wandb
     """
@@ -887,8 +887,8 @@ class WandbSource(RunFolderSource):
             summary.warnings.insert(
                 0,
                 "wandb is not installed: read files/ only (config, summary, metadata); "
-                "install 'audit-waste[wandb]' to read the .wandb logs (history, system "
-                "metrics, exit status)",
+                "to read the .wandb logs (history, system metrics, exit status): "
+                + install_hint("wandb"),
             )
 
     # -- from the log

@@ -32,7 +32,7 @@ MAX_TERMS = 10_000  # comparisons (an IN list counts once)
 MAX_VALUES = 100_000  # literals in IN lists, over the whole filter
 MAX_DEPTH = 100  # nesting of parentheses and NOT
 MAX_FIELDS = 1_000  # distinct fields (entity, key, aggregate)
-LIMITS_HELP = "see 'Filter limits' in the README"
+LIMITS_HELP = "see docs/search.md#filter-limits"
 # an IN list this long is tested with a join against the bound list
 _LIST_JOIN_AT = 16
 

@@ -13,7 +13,6 @@ import contextlib
 import json
 import tomllib
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 import duckdb
@@ -270,7 +269,7 @@ class Registry:
         ignore: list[str] | None = None,
         limit: int = 10,
     ) -> Similar:
-        skip = set(self.config.values["attribution"]["volatile_params"]) | set(ignore or [])
+        skip = set(self.config.attribution.volatile_params) | set(ignore or [])
         with self._open() as wh:
             if run_id is not None:
                 run_id = resolve_run_id(wh, run_id)
@@ -297,11 +296,11 @@ class Registry:
                     "SELECT DISTINCT key FROM params ORDER BY key LIMIT ?", [MAX_LOGGED_KEYS]
                 ).fetchall()
             ]
-            attribution = self.config.values["attribution"]
+            attribution = self.config.attribution
             matched = match_keys(
                 list(query),
                 logged,
-                [tuple(attribution[k]) for k in SAME_SETTING_KEYS],
+                [getattr(attribution, k) for k in SAME_SETTING_KEYS],
             )
             by_text = normalised_texts([str(v) for v in query.values()])
             normalised = {k: by_text[str(v)][1] for k, v in query.items()}
@@ -432,20 +431,13 @@ class Registry:
 
         loaded = Facts.load(wh.con, self.config)
         facts = {r.key: r for r in loaded.runs}
-        general, target = (self.config.values["metrics"][k] for k in ("general", "target"))
         metrics = wh.frame(
             "SELECT source_id, run_id, key, value FROM latest_metrics WHERE run_id IN (SELECT unnest(?))",
             [runs["run_id"].to_list()],
         )
         summary: dict[tuple, dict[str, list[str]]] = {}
         for row in metrics.iter_rows(named=True):
-            kind = (
-                "target"
-                if _matches(row["key"], target)
-                else "general"
-                if _matches(row["key"], general)
-                else None
-            )
+            kind = self.config.metrics.kind_of(row["key"], ("target", "general"))
             if kind:
                 summary.setdefault((row["source_id"], row["run_id"]), {}).setdefault(
                     kind, []
@@ -729,10 +721,6 @@ class _Borrowed:
 
 def _fixed(value: float | None) -> str | None:
     return None if value is None else f"{value:.2f}"
-
-
-def _matches(key: str, globs: list[str]) -> bool:
-    return any(fnmatchcase(key, g) for g in globs)
 
 
 def _sql_path(path: Path) -> str:

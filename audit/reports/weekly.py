@@ -357,13 +357,13 @@ def _recommendation(wh, config: Config, window: Window, shared: dict) -> dict:
     found = shared_recipes(wh.con, config, facts, shared)
     shifts = shared_shifts(wh.con, config, facts, found, shared)
     tolerance = effective_thresholds(get_rule("REG002"), config)["tolerance"]
-    settings = config.values["shift"]
+    settings = config.shift
     return {
         "cells": [cell.as_json() for cell in shifts.matrix(window.until, tolerance)],
         "correlations": shifts.correlations(window.until),
         "tolerance": tolerance,
-        "min_cell_runs": settings["min_cell_runs"],
-        "min_method_runs": settings["min_method_runs"],
+        "min_cell_runs": settings.min_cell_runs,
+        "min_method_runs": settings.min_method_runs,
         "until": window.until.isoformat() if window.until else None,
     }
 
@@ -394,7 +394,7 @@ def _queue(wh, config: Config, window: Window, shared: dict) -> dict:
 
 
 def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[dict]:
-    price = float(config.values["prices"]["storage_gb_month_usd"])
+    price = float(config.prices.storage_gb_month_usd)
     stored = wh.con.execute("SELECT coalesce(sum(bytes), 0) FROM checkpoints").fetchall()[0][0]
     evaluation = summary["evaluation"]
     rework = sum(f.usd or 0 for f in result.active if f.family in ("REG", "RED", "DUP"))
@@ -414,7 +414,8 @@ def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[d
             "usd": round(evaluation["usd"], 2),
             "basis": (
                 f"{evaluation['gpu_hours']:,.1f} GPU-h of {evaluation['runs']} evaluation runs "
-                f"(method {', '.join(config.values['attribution']['eval_methods'])}), part of "
+                f"(methods {', '.join(config.attribution.eval_methods)}, tagged "
+                "audit.kind=evaluation or with lm-eval results), part of "
                 f"compute; ${evaluation['duplicate_usd']:,.2f} of it re-evaluated the same "
                 "model on the same benchmarks (EVL001)"
             ),
@@ -429,7 +430,7 @@ def _categories(wh, config: Config, summary: dict, result: ScanResult) -> list[d
 
 def _run_links(wh, config: Config) -> dict[str, str]:
     """MLflow UI links per run id, when a tracking URL is known (config, or an http source)."""
-    base = config.values["mlflow"].get("tracking_url") or ""
+    base = config.mlflow.tracking_url
     rows = wh.con.execute(
         "SELECT r.run_id, r.experiment_id, s.kind, s.location FROM runs r JOIN sources s USING (source_id)"
     ).fetchall()

@@ -12,9 +12,7 @@ record, a cancellation and its record) is never cut in two by them.
 
 from __future__ import annotations
 
-import fcntl
 import glob
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from audit import interrupts
+from audit.atomic import warehouse_lock
 from audit.config import Config
 from audit.errors import AuditError, InputError
 from audit.importers.live import (
@@ -70,24 +69,11 @@ def one_step() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-@contextmanager
-def watch_lock(db: Path) -> Iterator[None]:
+def watch_lock(db: Path):
     """One watch per warehouse (``<warehouse>.watch-lock``): two would warn twice."""
-    lock_path = Path(f"{db}.watch-lock")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise InputError(f"{lock_path}: cannot open the watch lock ({exc.strerror})") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(
-                f"another audit watch is running on {db} ({lock_path} is locked)"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
+    return warehouse_lock(
+        db, "watch", f"another audit watch is running on {db} ({{lock}} is locked)"
+    )
 
 
 class Watch:
@@ -101,7 +87,7 @@ class Watch:
     ):
         self.db = db
         self.config = config
-        self.settings: WatchSettings = config.values["watch"]
+        self.settings: WatchSettings = config.watch
         self.enforce = enforce
         self.echo, self.err = echo, err
         self.notifier = Notifier(self.settings.notify)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from audit.errors import InputError
+from audit.errors import InputError, install_hint
 from audit.watch.settings import NotifySettings, Policy
 
 
@@ -65,9 +65,7 @@ class Notifier:
         try:
             import apprise
         except ImportError:
-            raise InputError(
-                "notifications need apprise: pip install 'audit-waste[watch]'"
-            ) from None
+            raise InputError(f"notifications need apprise: {install_hint('watch')}") from None
         self.apprise = apprise
         # no state files under the home folder: nothing apprise keeps is needed here
         self.asset = apprise.AppriseAsset(storage_mode="memory")

@@ -9,7 +9,6 @@ unjudged (a note), not idle.
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import hashlib
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from audit.config import Config
 from audit.costs import team_of
 from audit.facts.prices import gpu_price
 from audit.importers.slurm_live import LiveJobs
+from audit.text import listed
 from audit.warehouse.frames import execute_on_frame
 from audit.warehouse.samples import util_peak
 from audit.watch.settings import Policy, WatchSettings
@@ -89,11 +89,11 @@ def live_jobs(con, live: LiveJobs, config: Config) -> list[LiveJob]:
     holding = live.jobs.filter(pl.col("job_id").is_in(sorted(live.holding)))
     if not holding.height:
         return []
-    tags = _team_tags(con, holding, config.values["attribution"]["team_tag"])
+    tags = _team_tags(con, holding, config.attribution.team_tag)
     hosts: dict[str, list[str]] = {}
     for job_id, host in live.nodes.select("job_id", "host").iter_rows():
         hosts.setdefault(job_id, []).append(host)
-    order = config.values["attribution"]["team_order"]
+    order = list(config.attribution.team_order)
     out = []
     for row in holding.iter_rows(named=True):
         team, _ = team_of(order, tags.get(row["job_id"]), row["account"], row["user_name"])
@@ -317,8 +317,8 @@ def _judge_job(policy, job, pairs, rows, caveat, now, stale, config, verdicts) -
     missing = [f"{h}/{g}" for h, g in pairs if (h, g) not in rows]
     if missing:
         verdicts.notes.append(
-            f"{policy.name}: job {job.job_id} not judged: no telemetry from GPU {missing[0]}"
-            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+            f"{policy.name}: job {job.job_id} not judged: no telemetry from GPU "
+            + listed(missing, 1)
         )
         return
     late = [(h, g) for h, g in pairs if now - rows[(h, g)]["last_ts"] > stale]
@@ -447,11 +447,9 @@ def _at_onset(config: Config) -> Config:
     the onset (its policy's cancel_after is the time given to react)."""
     from audit.rule_registry import get_rule
 
-    live = copy.copy(config)
-    live.values = {**config.values, "rules": copy.deepcopy(config.values["rules"])}
-    if "grace_hours" in get_rule("STB001").thresholds:
-        live.values["rules"].setdefault("STB001", {})["grace_hours"] = 0.0
-    return live
+    if "grace_hours" not in get_rule("STB001").thresholds:
+        return config
+    return config.with_rule_settings("STB001", grace_hours=0.0)
 
 
 def _acted_runs(finding) -> list[str]:

@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import polars as pl
 
-from audit.errors import InputError
+from audit.errors import InputError, install_hint
 from audit.importers.files import Prefetch, prefetch
 from audit.importers.mlflow.base import MODEL_VERSION_SCHEMA, KnownRuns
 from audit.importers.run_store import (
@@ -347,7 +347,8 @@ class SqlStoreReader:
             import adbc_driver_postgresql
         except ImportError:
             raise InputError(
-                "reading a Postgres MLflow store needs the optional driver: pip install 'audit-waste[postgres]'"
+                "reading a Postgres MLflow store needs the optional driver: "
+                + install_hint("postgres")
             ) from None
         dsn = uri.split("://", 1)[1]
         errors = (adbc_driver_manager.Error,)
