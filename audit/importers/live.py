@@ -23,7 +23,7 @@ from audit.config import Config
 from audit.errors import InputError
 from audit.importers.cluster import SampleBatch, import_slurm, store_jobs, stored_spans
 from audit.importers.files import FileImportSummary, log_file_imports
-from audit.importers.slurm_live import LiveJobs, read_live_jobs, reported_errors
+from audit.importers.slurm import LiveJobs, read_live_jobs, reported_errors
 from audit.importers.telemetry import read_exposition_text, read_telemetry
 from audit.importers.text import load_json
 from audit.warehouse.frames import execute_on_frame, insert_frame, replace_by_key
