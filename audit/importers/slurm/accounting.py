@@ -13,7 +13,7 @@ import polars as pl
 
 from audit.errors import InputError
 from audit.importers import text
-from audit.importers.slurm.jobs import JOB_SCHEMA, USAGE_COLUMNS, job_row
+from audit.importers.slurm.jobs import JOB_SCHEMA, USAGE_COLUMNS, job_row, usage_of
 from audit.importers.slurm.json_jobs import json_records
 from audit.importers.slurm.parsable import text_records
 from audit.importers.slurm.values import LineError
@@ -58,7 +58,7 @@ def read_sacct(
                         f"JobID: expected an id like 123, 123_4 or 123.batch, got {job_id[:40]!r}"
                     )
                 if "." in job_id:
-                    built.append((job_id.partition(".")[0], step_usage(record), True))
+                    built.append((job_id.partition(".")[0], usage_of(record), True))
                 else:
                     built.append((job_id, job_row(record, job_id, tz, cluster, str(path)), False))
         except LineError as exc:

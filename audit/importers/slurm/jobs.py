@@ -84,7 +84,7 @@ USAGE_COLUMNS = (
 
 
 # -- one record -> one row -------------------------------------------------------------------
-def step_usage(record: dict) -> dict:
+def usage_of(record: dict) -> dict:
     peak = parse_tres(record.get("tresusageinmax", ""))
     mean = parse_tres(record.get("tresusageinave", ""))
     rss = record.get("maxrss", "")
@@ -133,7 +133,7 @@ def job_row(record: dict, job_id: str, tz: ZoneInfo, cluster: str, source: str) 
         end = start + timedelta(seconds=elapsed)
         if end.year > LAST_YEAR:
             raise LineError(f"elapsed time {elapsed} s puts the end after {LAST_YEAR}")
-    usage = step_usage(record)
+    usage = usage_of(record)
     nodelist = get("nodelist")
     array_job_id = job_id.split("_", 1)[0] if "_" in job_id else None
     return {
