@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from audit.errors import InputError
-from audit.importers import text
+from audit.importers.read import parse_strict_json
 from audit.importers.slurm.json_values import (
     json_count,
     json_limit,
@@ -32,7 +32,7 @@ from audit.importers.text import describe
 #     step.id (v0.0.37/38);
 #   TRES: lists of {"type", "name", "count"}; mem of a job in MiB, usage in bytes.
 def json_records(path: Path, content: str) -> tuple[Records, int]:
-    document = text.load_json(path, content)
+    document = parse_strict_json(content, path)
     jobs = document.get("jobs") if isinstance(document, dict) else None
     if not isinstance(jobs, list):
         raise InputError(

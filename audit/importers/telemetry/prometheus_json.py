@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from audit.errors import InputError
-from audit.importers import text
+from audit.importers.read import parse_strict_json
 from audit.importers.telemetry.dcgm import (
     DCGM_FIELDS,
     add_dcgm_value,
@@ -26,7 +26,7 @@ _PROMETHEUS_SHAPE = (
 def read_prometheus_json(
     path: Path, content: str, host: str | None, skip_bad: bool = False
 ) -> TelemetryFile:
-    document = text.load_json(path, content)
+    document = parse_strict_json(content, path)
     data = document.get("data") if isinstance(document, dict) else None
     if not isinstance(data, dict) or data.get("resultType") not in ("matrix", "vector"):
         raise InputError(f"{path}: {_PROMETHEUS_SHAPE}; data.resultType must be matrix or vector")
