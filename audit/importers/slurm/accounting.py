@@ -21,7 +21,6 @@ from audit.importers.slurm.values import LineError
 _JOB_ID = re.compile(r"^[0-9][0-9_+\[\]\-,.%a-zA-Z]*$")
 
 
-# -- reading a file ------------------------------------------------------------------------
 @dataclass
 class SacctFile:
     jobs: pl.DataFrame

@@ -23,7 +23,6 @@ from audit.importers.slurm.values import LineError
 from audit.importers.text import describe
 
 
-# -- sacct --json ----------------------------------------------------------------------------
 # The layout changed between data_parser versions; every form seen is read:
 #   numbers: plain (v0.0.37/38) or {"set", "infinite", "number"} (v0.0.39+), for time.limit,
 #     array.task_id, het.job_offset and step times;

@@ -10,7 +10,6 @@ import polars as pl
 from audit.importers.slurm.jobs import JOB_SCHEMA, TERMINAL_STATES
 
 
-# -- which record of a job is the newer -----------------------------------------------------
 def _moment() -> pl.Expr:
     """The latest moment a job record describes."""
     return pl.coalesce(

@@ -26,7 +26,6 @@ class LineError(ValueError):
     """A field that cannot be parsed; the reader adds file and line."""
 
 
-# -- field parsers -------------------------------------------------------------------------
 def parse_hostlist(expression: str) -> list[str]:
     """Expand Slurm hostlist syntax: ``gpu-a[01-03,07]``, ``n[1-2]-ib``, ``a1,b[2-3]``.
 

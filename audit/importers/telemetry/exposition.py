@@ -21,7 +21,6 @@ SERIES_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(?:\s+(
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
 
 
-# -- Prometheus text exposition (dcgm-exporter) ----------------------------------------------
 def read_exposition(
     path: Path, content: str, host: str | None, skip_bad: bool, at: datetime | None
 ) -> TelemetryFile:

@@ -1,6 +1,7 @@
 """nvidia-smi ``--query-gpu`` CSV, parsed by polars in bulk (a week of 1,000 GPUs at one
-sample a minute is 10 M rows), never line by line in Python; a line that does not parse is
-found and named only when the bulk parse fails."""
+sample a minute is 10 M rows), never line by line in Python; only when the bulk parse finds
+a malformed line, or with ``--skip-bad``, is the file checked line by line to name each bad
+line."""
 
 from __future__ import annotations
 
@@ -54,7 +55,6 @@ class SmiSource:
     data: Path  # what is read: the file, or its UTF-8 transcoding
 
 
-# -- nvidia-smi ----------------------------------------------------------------------------
 _TIME_FORMATS = (
     "%Y/%m/%d %H:%M:%S%.f",
     "%Y-%m-%d %H:%M:%S%.f",

@@ -16,7 +16,6 @@ from audit.importers.telemetry.dcgm import (
 from audit.importers.telemetry.samples import TelemetryFile, time_problem, value_problem
 from audit.importers.text import describe
 
-# -- Prometheus query_range JSON -----------------------------------------------------------
 _PROMETHEUS_SHAPE = (
     "expected a Prometheus query result "
     '({"data": {"resultType": "matrix", "result": [{"metric": {...}, "values": [[time, "value"], ...]}]}})'
