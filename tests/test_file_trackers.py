@@ -569,13 +569,13 @@ def test_tensorboard_runs_written_by_a_real_writer(tmp_path, run_cli):
 
 @needs_realdata
 def test_large_logs_decoded_by_worker_processes_give_the_same_rows(tmp_path, run_cli, monkeypatch):
-    from audit.importers import wandb as wandb_importer
+    from audit.importers.wandb import chunks
 
     folder = WANDB / "verl-agentic-rl"
     alone = tmp_path / "alone.duckdb"
     assert run_cli("--db", str(alone), "ingest", "wandb", str(folder))[0] == 0
-    monkeypatch.setattr(wandb_importer, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(wandb_importer, "_RECORDS_PER_CHUNK", 100)
+    monkeypatch.setattr(chunks, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(chunks, "_RECORDS_PER_CHUNK", 100)
     workers = tmp_path / "workers.duckdb"
     code, _out, err = run_cli("--db", str(workers), "ingest", "wandb", str(folder))
     assert code == 0, err

@@ -180,9 +180,13 @@ SAMPLE_WANDB_LOG = next(
 def test_damaged_wandb_logs(cut, flips):
     """A W&B log cut short or with flipped bytes: its records, a tail warning, or the
     tool's error naming the file; never another exception."""
-    from audit.importers import wandb as wandb_importer
+    from audit.importers.record_log import LogEnd
+    from audit.importers.wandb.fold import read_records
+    from audit.importers.wandb.log import HEADER
+    from audit.importers.wandb.protobufs import protobufs
+    from audit.importers.wandb.state import RunState
 
-    record_class = wandb_importer.protobufs()
+    record_class = protobufs()
     if record_class is None:
         pytest.skip("wandb is not installed")
     data = bytearray(SAMPLE_WANDB_LOG.read_bytes()[: max(cut, 1)])
@@ -193,9 +197,9 @@ def test_damaged_wandb_logs(cut, flips):
         handle.write(bytes(data))
     path = Path(handle.name)
     try:
-        state = wandb_importer.RunState()
-        end = wandb_importer.LogEnd()
-        wandb_importer._read_records(path, record_class, state, len(wandb_importer.HEADER), end)
+        state = RunState()
+        end = LogEnd()
+        read_records(path, record_class, state, len(HEADER), end)
         assert end.resume_offset <= len(data)
     except InputError as exc:
         assert str(path) in str(exc)

@@ -12,16 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.errors import InputError
-from audit.importers.slurm import (
-    JOB_SCHEMA,
-    LineError,
+from audit.importers.slurm import JOB_SCHEMA, LineError, newest_records, read_sacct
+from audit.importers.slurm.values import (
     gpus_from_tres,
-    newest_records,
     parse_duration,
     parse_hostlist,
     parse_memory,
     parse_tres,
-    read_sacct,
 )
 from tests.helpers import SHARED
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.importers.cluster import _keys_cycle
-from audit.importers.telemetry import _UNITS, _numeric, _plain_number
+from audit.importers.telemetry.nvidia_smi import _UNITS, _numeric, _plain_number
 
 UNIT_TEXT = st.text(alphabet=" %MiBWN/A[]\t.-+0123456789einfaty", max_size=12)
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 import duckdb
 import pytest
 
-from audit.importers.telemetry import QUERY_COMMAND
+from audit.importers.telemetry.nvidia_smi import QUERY_COMMAND
 from tests.helpers import REPO
 
 DATA = REPO / "tests" / "data" / "telemetry"

@@ -21,7 +21,7 @@ import pytest
 from audit.config import load_config
 from audit.errors import InputError
 from audit.importers.live import follow_files
-from audit.importers.slurm_live import read_live_jobs
+from audit.importers.slurm import read_live_jobs
 from audit.warehouse import open_warehouse
 
 LIVE = Path(__file__).parent / "data" / "slurm" / "live"

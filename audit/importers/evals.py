@@ -44,6 +44,7 @@ import polars as pl
 from audit.errors import InputError
 from audit.importers.files import FileImportSummary, ParsedUnit, import_files
 from audit.importers.lm_eval import EVALUATOR, Evaluation, is_lm_eval, read_lm_eval
+from audit.importers.read import refuse_too_many_values
 from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
 from audit.importers.run_store import EPOCH_MS_MAX, EPOCH_MS_MIN
 from audit.importers.store_files import read_found_file, read_named_file
@@ -323,13 +324,15 @@ def _representable(seconds: float | None) -> bool:
 
 
 def _load_json(path: Path, raw: bytes):
-    """The JSON document of a results file. NaN and Infinity, which Python's json module
-    writes by default (and so the harness), are read as numbers (and left out as results).
-    Where the JSON breaks is named by byte offset."""
+    """The JSON document of a results file, bounded in values like every JSON document
+    (``audit.importers.read``). NaN and Infinity, which Python's json module writes by
+    default (and so the harness), are read as numbers (and left out as results). Where the
+    JSON breaks is named by byte offset."""
     encoding = sniff(path, raw[:4096], RESULTS_FILE)
     text = decode(path, raw, encoding).removeprefix("\ufeff")
     if not text.strip():
         raise InputError(f"{path}: empty file, not {RESULTS_FILE}")
+    refuse_too_many_values(text, path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

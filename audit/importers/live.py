@@ -23,9 +23,9 @@ from audit.config import Config
 from audit.errors import InputError
 from audit.importers.cluster import SampleBatch, import_slurm, store_jobs, stored_spans
 from audit.importers.files import FileImportSummary, log_file_imports
-from audit.importers.slurm_live import LiveJobs, read_live_jobs, reported_errors
+from audit.importers.read import parse_strict_json
+from audit.importers.slurm import LiveJobs, read_live_jobs, reported_errors
 from audit.importers.telemetry import read_exposition_text, read_telemetry
-from audit.importers.text import load_json
 from audit.warehouse.frames import execute_on_frame, insert_frame, replace_by_key
 from audit.windows import now_utc
 
@@ -68,7 +68,7 @@ def read_controller(command: str, config: Config, cluster: str, timeout: float) 
     answer = run_command(argv, timeout)
     label = " ".join(argv)
     try:
-        document = load_json(Path(label), answer)
+        document = parse_strict_json(answer, label)
         return read_live_jobs(document, label, config.timezone, cluster, seen_at)
     except InputError as exc:
         raise SourceError(str(exc)) from None
@@ -115,7 +115,7 @@ def import_sacct_since(
     argv = ["sacct", "--json", "--allusers", f"--starttime={local:%Y-%m-%dT%H:%M:%S}"]
     answer = run_command(argv, timeout)
     try:
-        reported_errors(load_json(Path(" ".join(argv)), answer), " ".join(argv))
+        reported_errors(parse_strict_json(answer, " ".join(argv)), " ".join(argv))
     except InputError as exc:
         raise SourceError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="audit-sacct-") as folder:

@@ -17,7 +17,10 @@ is three bytes and a 56-byte list, so 60 MB of it (61 KB of gzip from a server) 
 
 Each refusal is an ``InputError`` naming the file (and line) and the bound. ``NaN`` and
 ``Infinity`` are read as the floats they are (the HF Trainer writes a diverged run's
-``grad_norm`` as ``NaN``); what a number may be is for the importer to judge.
+``grad_norm`` as ``NaN``); what a number may be is for the importer to judge. JSON that
+programs write for programs (``sacct``, ``squeue`` and ``scontrol --json``, a saved
+Prometheus answer) is read strictly (``parse_strict_json``): there ``NaN`` is no JSON
+number, so a value that is one is an error rather than a float.
 """
 
 from __future__ import annotations
@@ -45,18 +48,26 @@ def value_bound(data: bytes | str) -> int:
     return data.count(b"[") + data.count(b"{") + data.count(b",") + 1
 
 
-def parse_json(
-    data: bytes | str, where: object, max_values: int = MAX_JSON_VALUES, line: int | None = None
-):
-    """One JSON document (or the JSON Lines record on ``line``), bounded in values and
-    depth; errors name ``where`` and the line (and column of a syntax error)."""
-    at = f"{where}:{line}" if line is not None else f"{where}"
+def refuse_too_many_values(
+    data: bytes | str, at: object, max_values: int = MAX_JSON_VALUES
+) -> None:
+    """An ``InputError`` naming ``at`` when a JSON text may parse into more values than
+    ``max_values``: checked before parsing, since the parse is what fills memory."""
     values = value_bound(data)
     if values > max_values:
         raise InputError(
             f"{at}: JSON of up to {values:,} values, more than the {max_values:,} audit reads "
             "from one document; refused before it fills memory"
         )
+
+
+def parse_json(
+    data: bytes | str, where: object, max_values: int = MAX_JSON_VALUES, line: int | None = None
+):
+    """One JSON document (or the JSON Lines record on ``line``), bounded in values and
+    depth; errors name ``where`` and the line (and column of a syntax error)."""
+    at = f"{where}:{line}" if line is not None else f"{where}"
+    refuse_too_many_values(data, at, max_values)
     if isinstance(data, bytes | bytearray):
         try:
             data = data.decode("utf-8")
@@ -72,6 +83,24 @@ def parse_json(
         ) from None
     except RecursionError:
         raise InputError(f"{at}: JSON nested deeper than the ~1,000 levels audit reads") from None
+
+
+def parse_strict_json(content: str, where: object, max_values: int = MAX_JSON_VALUES):
+    """One JSON document a program wrote for programs, bounded in values and depth and
+    strict: ``NaN`` and ``Infinity`` are refused. An error names the line and column."""
+    refuse_too_many_values(content, where, max_values)
+
+    def no_constant(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(content, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
+    except ValueError as exc:
+        raise InputError(f"{where}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply to be read") from None
 
 
 def jsonl_records(

@@ -1,18 +1,17 @@
 """Text files as people save them: which encodings are read, a file still being written,
-and strict JSON.
+and how a JSON value is shown in a message.
 
 Accepted: UTF-8 with or without a byte-order mark, and UTF-16 (little- or big-endian) with
 a byte-order mark, which is what Windows PowerShell's ``>`` writes. UTF-16 is transcoded to
 a temporary UTF-8 file in 1 MiB pieces, so a large log never sits in memory twice. Anything
 else (UTF-32, UTF-16 without a byte-order mark, binary data, invalid UTF-8) is an input
-error that names the problem. JSON is read without NaN/Infinity literals, and nesting too
-deep for the parser is an input error; ``describe`` shows a JSON value in a message.
+error that names the problem. ``describe`` shows a JSON value in a message (JSON itself is
+read by ``audit.importers.read``).
 """
 
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -140,23 +139,6 @@ def unterminated_last_line(path: Path) -> tuple[str, bool] | None:
     alone = size <= _TAIL and b"\n" not in tail
     last = tail.rsplit(b"\n", 1)[-1].decode(UTF8, errors="replace").removeprefix("\ufeff")
     return last, alone
-
-
-def load_json(path: Path, content: str):
-    """Strict JSON: no NaN/Infinity literals; an error names the line and column, and deep
-    nesting is an input error rather than a crash."""
-
-    def no_constant(name: str):
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        return json.loads(content, parse_constant=no_constant)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})") from None
-    except ValueError as exc:
-        raise InputError(f"{path}: invalid JSON ({exc})") from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply to be read") from None
 
 
 def describe(value) -> str:

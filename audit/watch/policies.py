@@ -19,7 +19,7 @@ import polars as pl
 from audit.config import Config
 from audit.costs import team_of
 from audit.facts.prices import gpu_price
-from audit.importers.slurm_live import LiveJobs
+from audit.importers.slurm import LiveJobs
 from audit.text import listed
 from audit.warehouse.frames import execute_on_frame
 from audit.warehouse.samples import util_peak

@@ -1,18 +1,13 @@
-"""GPU telemetry files: nvidia-smi CSV, dcgm-exporter / Prometheus text, Prometheus JSON.
-
-Everything becomes rows of ``gpu_samples`` (host, gpu, ts, util_pct, mem_used_mib, ...).
-nvidia-smi files can be large (a week of 1,000 GPUs at 1 sample/min is 10M rows), so they
-are parsed by polars in bulk, never line by line in Python.
-"""
+"""nvidia-smi ``--query-gpu`` CSV, parsed by polars in bulk (a week of 1,000 GPUs at one
+sample a minute is 10 M rows), never line by line in Python; only when the bulk parse finds
+a malformed line, or with ``--skip-bad``, is the file checked line by line to name each bad
+line."""
 
 from __future__ import annotations
 
-import math
-import os
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -20,22 +15,22 @@ import polars as pl
 
 from audit.errors import InputError
 from audit.importers import text
-from audit.importers.text import describe
+from audit.importers.telemetry.file_text import head_bytes, whole_text
+from audit.importers.telemetry.samples import (
+    FIRST_YEAR,
+    LAST_YEAR,
+    SAMPLE_SCHEMA,
+    VALID_RANGES,
+    TelemetryFile,
+    valid_time,
+    valid_value,
+    value_problem,
+)
 
-SAMPLE_SCHEMA = {
-    "host": pl.String,
-    "gpu": pl.String,
-    "ts": pl.Datetime("us"),
-    "util_pct": pl.Float32,
-    "mem_used_mib": pl.Float32,
-    "mem_total_mib": pl.Float32,
-    "power_w": pl.Float32,
-    "model": pl.String,
-    "uuid": pl.String,
-    "job_label": pl.String,
-    "pod": pl.String,
-    "origin": pl.String,
-}
+QUERY_COMMAND = (
+    "nvidia-smi --query-gpu=timestamp,index,uuid,name,utilization.gpu,memory.used,"
+    "memory.total,power.draw --format=csv -l 60"
+)
 # nvidia-smi --query-gpu names -> our columns
 _SMI_COLUMNS = {
     "utilization.gpu": "util_pct",
@@ -52,130 +47,14 @@ _SMI_IDENTITY = ("index", "uuid", "pci.bus_id")
 _NOT_MEASURED = ["N/A", "[N/A]", "[Not Supported]", "[Unknown Error]", "[GPU is lost]"]
 _MISSING = [*_NOT_MEASURED, ""]
 _MEASURED = ("utilization.gpu", "memory.used", "memory.total", "power.draw", "power.draw.average")
-# dcgm-exporter field -> (column, scale)
-DCGM_FIELDS = {
-    "DCGM_FI_DEV_GPU_UTIL": ("util_pct", 1.0),
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("engine_active_pct", 100.0),  # a 0-1 ratio
-    "DCGM_FI_DEV_FB_USED": ("mem_used_mib", 1.0),
-    "DCGM_FI_DEV_FB_FREE": ("mem_free_mib", 1.0),
-    "DCGM_FI_DEV_FB_TOTAL": ("mem_total_mib", 1.0),
-    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
-}
-_SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
-
-
-@dataclass
-class TelemetryFile:
-    samples: pl.DataFrame
-    rows_read: int
-    skipped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-# -- what a sample may hold: one rule for nvidia-smi, DCGM and Prometheus ---------------------
-MAX_MIB = float(1 << 24)  # 16 TiB of memory on one GPU
-MAX_WATTS = 10_000.0
-VALID_RANGES = {
-    # column: (lowest, highest, what it is called in a message, unit)
-    "util_pct": (0.0, 100.0, "utilization", "%"),
-    "mem_used_mib": (0.0, MAX_MIB, "memory.used", "MiB"),
-    "mem_total_mib": (0.0, MAX_MIB, "memory.total", "MiB"),
-    "power_w": (0.0, MAX_WATTS, "power.draw", "W"),
-}
-# DCGM fields that are not stored as such are checked as the column they feed.
-_CHECKED_AS = {"engine_active_pct": "util_pct", "mem_free_mib": "mem_used_mib"}
-FIRST_YEAR, LAST_YEAR = 1970, 2200
-
-
-def value_problem(column: str, value: float) -> str | None:
-    """Why ``value`` cannot be a sample's ``column`` (NaN, infinite, out of range), or None."""
-    lo, hi, name, unit = VALID_RANGES[_CHECKED_AS.get(column, column)]
-    if math.isfinite(value) and lo <= value <= hi:
-        return None
-    return f"{name} {value:g} is outside {lo:g}-{hi:g} {unit}"
-
-
-def time_problem(moment: datetime) -> str | None:
-    if FIRST_YEAR <= moment.year <= LAST_YEAR:
-        return None
-    return f"time {moment:%Y-%m-%d %H:%M:%S} is outside the years {FIRST_YEAR}-{LAST_YEAR}"
-
-
-def valid_value(column: str) -> pl.Expr:
-    """The same rule as ``value_problem``, for a whole column."""
-    lo, hi, _, _ = VALID_RANGES[column]
-    value = pl.col(column)
-    return value.is_null() | (value.is_finite() & value.is_between(lo, hi))
-
-
-# -- reading a file -------------------------------------------------------------------------
-_TABLE_PRINTOUT = re.compile(r"^\|\s*NVIDIA-SMI\s+\d|^=+NVSMI LOG=+", re.MULTILINE)
-QUERY_COMMAND = (
-    "nvidia-smi --query-gpu=timestamp,index,uuid,name,utilization.gpu,memory.used,"
-    "memory.total,power.draw --format=csv -l 60"
-)
-
-
-def read_telemetry(
-    path: Path,
-    tz: ZoneInfo,
-    host: str | None = None,
-    fields: list[str] | None = None,
-    skip_bad: bool = False,
-    at: datetime | None = None,
-) -> TelemetryFile:
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory; pass telemetry files")
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    head = _head(path)
-    encoding = text.sniff(path, head, "a telemetry text file")
-    if encoding.startswith("utf-16"):
-        head = head[: len(head) - len(head) % 2]
-    head_text = head.decode(encoding, errors="replace").removeprefix("\ufeff")
-    if not head_text.strip():
-        raise InputError(
-            f"{path}: empty file; expected nvidia-smi CSV, DCGM/Prometheus text or JSON"
-        )
-    if _TABLE_PRINTOUT.search(head_text):
-        raise InputError(
-            f"{path}: this is the nvidia-smi table printout, which cannot be read; "
-            f"log CSV instead: {QUERY_COMMAND}"
-        )
-    stripped = head_text.lstrip()
-    first_line = stripped.split("\n", 1)[0]
-    if stripped.startswith("{"):
-        return _read_prometheus_json(path, _whole_text(path, encoding), host, skip_bad)
-    if stripped.startswith("#") or "DCGM_FI_" in first_line or _SERIES.match(first_line):
-        return _read_exposition(path, _whole_text(path, encoding), host, skip_bad, at)
-    with text.utf8_file(path, encoding) as data:
-        return _read_nvidia_smi(_Source(path, data), tz, host or path.stem, fields, skip_bad)
-
-
-def _head(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(65536)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-
-
-def _whole_text(path: Path, encoding: str) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    return text.decode(path, raw, encoding).removeprefix("\ufeff")
 
 
 @dataclass(frozen=True)
-class _Source:
+class SmiSource:
     path: Path  # what the user named: every message shows it
     data: Path  # what is read: the file, or its UTF-8 transcoding
 
 
-# -- nvidia-smi ----------------------------------------------------------------------------
 _TIME_FORMATS = (
     "%Y/%m/%d %H:%M:%S%.f",
     "%Y-%m-%d %H:%M:%S%.f",
@@ -187,11 +66,11 @@ _TIME_FORMATS = (
 _SAMPLE_GAP = timedelta(milliseconds=500)
 
 
-def _read_nvidia_smi(
-    src: _Source, tz: ZoneInfo, host: str, fields: list[str] | None, skip_bad: bool
+def read_nvidia_smi(
+    src: SmiSource, tz: ZoneInfo, host: str, fields: list[str] | None, skip_bad: bool
 ) -> TelemetryFile:
     path = src.path
-    first_line = _head(src.data).split(b"\n", 1)[0].decode("utf-8", "replace")
+    first_line = head_bytes(src.data).split(b"\n", 1)[0].decode("utf-8", "replace")
     first_line = first_line.removeprefix("\ufeff")
     if fields is None:
         names = [_column_name(c) for c in first_line.split(",")]
@@ -329,18 +208,6 @@ def _parsed_time(column: pl.Expr, sample: str | None) -> pl.Expr:
     return _in_range(column, chosen)
 
 
-# The years FIRST_YEAR-LAST_YEAR as instants: comparing a parsed time with them is a third
-# of the cost of taking its year.
-_FIRST_INSTANT = datetime(FIRST_YEAR, 1, 1)
-_PAST_LAST_INSTANT = datetime(LAST_YEAR + 1, 1, 1)
-
-
-def valid_time(column: str | pl.Expr) -> pl.Expr:
-    """A time within FIRST_YEAR-LAST_YEAR, for a column of times already parsed."""
-    ts = pl.col(column) if isinstance(column, str) else column
-    return (ts >= _FIRST_INSTANT) & (ts < _PAST_LAST_INSTANT)
-
-
 def _in_range(column: pl.Expr, fmt: str) -> pl.Expr:
     ts = column.str.strptime(pl.Datetime("us"), fmt, strict=False)
     return pl.when(valid_time(ts)).then(ts)
@@ -388,7 +255,7 @@ def _fast_table(
     return body
 
 
-def _read_lines(src: _Source) -> pl.Series:
+def _read_lines(src: SmiSource) -> pl.Series:
     try:
         return pl.read_csv(
             src.data,
@@ -401,7 +268,7 @@ def _read_lines(src: _Source) -> pl.Series:
             truncate_ragged_lines=True,
         )["line"]
     except pl.exceptions.ComputeError as exc:
-        _whole_text(src.data, text.UTF8)  # names the line of an encoding error
+        whole_text(src.data, text.UTF8)  # names the line of an encoding error
         raise InputError(f"{src.path}: cannot read as text ({str(exc).splitlines()[0]})") from None
 
 
@@ -454,7 +321,7 @@ def _line_problems(
 
 
 def _validated_table(
-    src: _Source,
+    src: SmiSource,
     names: list[str],
     wanted: list[str],
     first: int,
@@ -541,229 +408,3 @@ def _text(body: pl.DataFrame, name: str) -> pl.Expr:
 def _column_name(raw: str) -> str:
     """'utilization.gpu [%]' -> 'utilization.gpu'."""
     return raw.strip().split(" [", 1)[0].strip().lower()
-
-
-# -- Prometheus text exposition (dcgm-exporter) ----------------------------------------------
-def _read_exposition(
-    path: Path, content: str, host: str | None, skip_bad: bool, at: datetime | None
-) -> TelemetryFile:
-    default_ts = at or datetime.fromtimestamp(os.path.getmtime(path), UTC).replace(tzinfo=None)
-    rows: dict[tuple, dict] = {}
-    skipped: list[str] = []
-    notes: list[str] = []
-    read = 0
-    lines = content.splitlines()
-    unterminated = not content.endswith("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        read += 1
-        try:
-            sample = _exposition_sample(line, default_ts)
-        except ValueError as exc:
-            if unterminated and number == len(lines):
-                notes.append(f"{path}: last line incomplete, skipped (a file still being written)")
-                read -= 1
-                continue
-            message = f"{path}:{number}: {exc}"
-            if not skip_bad:
-                raise InputError(message) from None
-            skipped.append(message)
-            continue
-        if sample is not None:
-            metric, labels, value, ts = sample
-            _add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "dcgm")
-    return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped, notes=notes)
-
-
-def read_exposition_text(label: str, content: str, host: str | None, at: datetime) -> TelemetryFile:
-    """A dcgm-exporter ``/metrics`` answer scraped at ``at`` (``label``: its URL)."""
-    return _read_exposition(Path(label), content, host, False, at)
-
-
-def _exposition_sample(line: str, default_ts: datetime) -> tuple | None:
-    """(metric, labels, value, ts) of a DCGM series line; None for other series; ValueError
-    saying what is wrong with a line that cannot be read."""
-    match = _SERIES.match(line)
-    if not match:
-        raise ValueError(f"expected 'METRIC{{labels}} value [timestamp_ms]', got {line[:80]!r}")
-    metric, _, labels_text, value_text, ts_text = match.groups()
-    labels = dict(_LABEL.findall(labels_text or ""))
-    if not metric.startswith("DCGM_FI_") or not _identifies_gpu(labels):
-        return None  # other exporters' series, and dummy series without a GPU
-    try:
-        value = float(value_text)
-    except ValueError:
-        raise ValueError(f"value {value_text[:40]!r} is not a number") from None
-    if metric in DCGM_FIELDS:
-        column, scale = DCGM_FIELDS[metric]
-        problem = value_problem(column, value * scale)
-        if problem:
-            raise ValueError(f"{metric}: {problem}")
-    if ts_text:
-        try:
-            ts = datetime.fromtimestamp(int(ts_text) / 1000, UTC).replace(tzinfo=None)
-        except (OverflowError, OSError, ValueError):
-            raise ValueError(f"timestamp {ts_text[:40]} ms is out of range") from None
-    else:
-        ts = default_ts
-    problem = time_problem(ts)
-    if problem:
-        source = f"{ts_text} ms" if ts_text else "--at or the file's modification time"
-        raise ValueError(f"{problem} ({source})")
-    return metric, labels, value, ts
-
-
-def _add_dcgm_value(
-    rows: dict,
-    labels: dict,
-    metric: str,
-    value: float,
-    ts: datetime,
-    default_host: str,
-    origin: str,
-) -> None:
-    host = (
-        labels.get("Hostname") or labels.get("hostname") or labels.get("instance") or default_host
-    )
-    gpu = labels.get("gpu") or labels.get("UUID") or labels.get("uuid") or "0"
-    key = (host, gpu, ts)
-    row = rows.setdefault(
-        key,
-        {
-            "host": host,
-            "gpu": gpu,
-            "ts": ts,
-            "model": labels.get("modelName"),
-            "uuid": labels.get("UUID") or labels.get("uuid"),
-            "job_label": labels.get("hpc_job") or None,
-            "pod": f"{labels['namespace']}/{labels['pod']}"
-            if labels.get("pod") and labels.get("namespace")
-            else labels.get("pod") or None,
-            "origin": origin,
-        },
-    )
-    if metric in DCGM_FIELDS:  # other DCGM fields still show the host was up
-        column, scale = DCGM_FIELDS[metric]
-        row[column] = value * scale
-
-
-def _identifies_gpu(labels: dict) -> bool:
-    return any(labels.get(k) for k in ("gpu", "UUID", "uuid"))
-
-
-def _dcgm_frame(rows: dict) -> pl.DataFrame:
-    records = []
-    for row in rows.values():
-        util = row.get("util_pct", row.get("engine_active_pct"))
-        used, free = row.get("mem_used_mib"), row.get("mem_free_mib")
-        total = row.get("mem_total_mib")
-        records.append(
-            {
-                **{
-                    k: row.get(k)
-                    for k in ("host", "gpu", "ts", "model", "uuid", "job_label", "pod", "origin")
-                },
-                "util_pct": util,
-                "mem_used_mib": used,
-                "mem_total_mib": total
-                if total is not None
-                else (used + free if used is not None and free is not None else None),
-                "power_w": row.get("power_w"),
-            }
-        )
-    if not records:
-        return pl.DataFrame(schema=SAMPLE_SCHEMA)
-    return pl.DataFrame(records).select(list(SAMPLE_SCHEMA)).cast(SAMPLE_SCHEMA)
-
-
-# -- Prometheus query_range JSON -----------------------------------------------------------
-_PROMETHEUS_SHAPE = (
-    "expected a Prometheus query result "
-    '({"data": {"resultType": "matrix", "result": [{"metric": {...}, "values": [[time, "value"], ...]}]}})'
-)
-
-
-def _read_prometheus_json(
-    path: Path, content: str, host: str | None, skip_bad: bool = False
-) -> TelemetryFile:
-    document = text.load_json(path, content)
-    data = document.get("data") if isinstance(document, dict) else None
-    if not isinstance(data, dict) or data.get("resultType") not in ("matrix", "vector"):
-        raise InputError(f"{path}: {_PROMETHEUS_SHAPE}; data.resultType must be matrix or vector")
-    result = data.get("result", [])
-    if not isinstance(result, list):
-        raise InputError(f"{path}: data.result: expected a list of series, got {describe(result)}")
-    rows: dict[tuple, dict] = {}
-    skipped: list[str] = []
-    read = 0
-    for index, series in enumerate(result):
-        where = f"{path}: data.result[{index}]"
-        if not isinstance(series, dict):
-            raise InputError(f"{where}: expected a series object, got {describe(series)}")
-        labels = series.get("metric", {})
-        if not isinstance(labels, dict):
-            raise InputError(
-                f"{where}.metric: expected an object of labels, got {describe(labels)}"
-            )
-        for key, value in labels.items():
-            if not isinstance(value, str) or not _encodable(value):
-                raise InputError(
-                    f"{where}.metric.{key}: expected a label text, got {describe(value)}"
-                )
-        metric = labels.get("__name__", "")
-        if not metric.startswith("DCGM_FI_") or not _identifies_gpu(labels):
-            continue
-        if "values" in series:
-            points, name = series["values"], "values"
-        else:
-            points, name = ([series["value"]] if "value" in series else []), "value"
-        if not isinstance(points, list):
-            raise InputError(f"{where}.{name}: expected a list of points, got {describe(points)}")
-        for number, point in enumerate(points):
-            read += 1
-            try:
-                ts, value = _prometheus_point(point, metric)
-            except ValueError as exc:
-                message = f"{where}.{name}[{number}] ({metric}): {exc}"
-                if not skip_bad:
-                    raise InputError(message) from None
-                skipped.append(message)
-                continue
-            _add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "prometheus")
-    return TelemetryFile(samples=_dcgm_frame(rows), rows_read=read, skipped=skipped)
-
-
-def _prometheus_point(point, metric: str) -> tuple[datetime, float]:
-    """A [unix_seconds, "value"] pair; ValueError saying what is wrong with it."""
-    if not isinstance(point, list) or len(point) != 2:
-        raise ValueError(f"expected a [time, value] pair, got {describe(point)}")
-    moment, value_text = point
-    if isinstance(moment, bool) or not isinstance(moment, int | float):
-        raise ValueError(f"time: expected seconds since 1970, got {describe(moment)}")
-    if isinstance(value_text, bool) or not isinstance(value_text, str | int | float):
-        raise ValueError(f"value: expected a number as text, got {describe(value_text)}")
-    try:
-        value = float(value_text)
-    except (ValueError, OverflowError):
-        raise ValueError(f"value {str(value_text)[:40]!r} is not a number") from None
-    try:
-        ts = datetime.fromtimestamp(moment, UTC).replace(tzinfo=None)
-    except (OverflowError, OSError, ValueError):
-        raise ValueError(f"time {moment!r} is out of range") from None
-    problem = time_problem(ts)
-    if problem is None and metric in DCGM_FIELDS:
-        column, scale = DCGM_FIELDS[metric]
-        problem = value_problem(column, value * scale)
-    if problem:
-        raise ValueError(problem)
-    return ts, value
-
-
-def _encodable(value: str) -> bool:
-    """False for text holding lone surrogates (``"\\ud800"`` in JSON), which no table takes."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -14,9 +14,9 @@ throughout, with these encodings:
   ``gres_detail``: per node of ``nodes``, in order, ``gpu[:TYPE]:N(IDX:0-1,4)`` (or
     ``gpu[:TYPE](CNT:N)`` without indices), entries joined by ``,``; empty once the job ended.
 Each job becomes the record ``sacct -P`` prints for it and goes through the same row
-builder as an accounting file (``audit.importers.slurm``); ``end_time`` of a job still
-running is the moment it was seen (as ``sacct`` exports do: Start + elapsed), never the
-projected end the controller lists.
+builder as an accounting file (``jobs``); ``end_time`` of a job still running is the moment
+it was seen (as ``sacct`` exports do: Start + elapsed), never the projected end the
+controller lists.
 """
 
 from __future__ import annotations
@@ -29,17 +29,15 @@ from zoneinfo import ZoneInfo
 import polars as pl
 
 from audit.errors import InputError
-from audit.importers.slurm import (
-    JOB_SCHEMA,
-    TERMINAL_STATES,
-    LineError,
-    _job_row,
-    _json_limit,
-    _json_state,
-    _json_text,
-    _json_time,
-    _json_whole,
+from audit.importers.slurm.jobs import JOB_SCHEMA, TERMINAL_STATES, job_row
+from audit.importers.slurm.json_values import (
+    json_limit,
+    json_state,
+    json_text,
+    json_time,
+    json_whole,
 )
+from audit.importers.slurm.values import LineError
 from audit.importers.text import describe
 from audit.windows import now_utc
 
@@ -132,39 +130,39 @@ def _layout(document: dict) -> str:
 def _live_job(job, tz: ZoneInfo, cluster: str, label: str, seen_at: datetime):
     if not isinstance(job, dict):
         raise LineError(f"expected a job object, got {describe(job)}")
-    state_detail = _json_state(job, "job_state")
+    state_detail = json_state(job, "job_state")
     state = state_detail.split(" ", 1)[0]
-    start = _json_time(job, "start_time")
+    start = json_time(job, "start_time")
     if state == "PENDING" or not start:
         return None
     job_id = _job_id(job)
     ended = state in TERMINAL_STATES
-    end = _json_time(job, "end_time") if ended else ""
+    end = json_time(job, "end_time") if ended else ""
     elapsed = ""
     if not ended:  # seen running: held from Start to now (the controller's end is a forecast)
         started = datetime.fromisoformat(start).astimezone(UTC).replace(tzinfo=None)
         elapsed = str(max(int((seen_at - started).total_seconds()), 0))
     record = {
         "jobid": job_id,
-        "jobname": _json_text(job, "name") or "",
-        "user": _json_text(job, "user_name") or "",
-        "account": _json_text(job, "account") or "",
-        "partition": _json_text(job, "partition") or "",
+        "jobname": json_text(job, "name") or "",
+        "user": json_text(job, "user_name") or "",
+        "account": json_text(job, "account") or "",
+        "partition": json_text(job, "partition") or "",
         "state": state_detail,
-        "submit": _json_time(job, "submit_time"),
-        "eligible": _json_time(job, "eligible_time"),
+        "submit": json_time(job, "submit_time"),
+        "eligible": json_time(job, "eligible_time"),
         "start": start,
         "end": end,
         "elapsedraw": elapsed,
-        "timelimitraw": _json_limit(job, "time_limit"),
+        "timelimitraw": json_limit(job, "time_limit"),
         "nnodes": _count(job, "node_count"),
         "ncpus": _count(job, "cpus"),
-        "nodelist": _json_text(job, "nodes") or "",
-        "alloctres": _json_text(job, "tres_alloc_str") or "",
-        "reqtres": _json_text(job, "tres_req_str") or "",
-        "admincomment": _json_text(job, "admin_comment") or "",
+        "nodelist": json_text(job, "nodes") or "",
+        "alloctres": json_text(job, "tres_alloc_str") or "",
+        "reqtres": json_text(job, "tres_req_str") or "",
+        "admincomment": json_text(job, "admin_comment") or "",
     }
-    row = _job_row(record, job_id, tz, cluster, label)
+    row = job_row(record, job_id, tz, cluster, label)
     gpus = _gres_gpus(job, row["_hosts"])
     if not row["gpus"]:  # no gres/gpu in the TRES (AccountingStorageTRES without it)
         row["gpus"] = _gpus_requested(job, gpus, len(row["_hosts"]))
@@ -172,20 +170,20 @@ def _live_job(job, tz: ZoneInfo, cluster: str, label: str, seen_at: datetime):
 
 
 def _job_id(job: dict) -> str:
-    job_id = _json_whole(job, "job_id")
+    job_id = json_whole(job, "job_id")
     if not job_id:
         raise LineError(f"job_id: expected a job number, got {describe(job.get('job_id'))}")
-    het_id, het_offset = _json_whole(job, "het_job_id"), _json_whole(job, "het_job_offset")
+    het_id, het_offset = json_whole(job, "het_job_id"), json_whole(job, "het_job_offset")
     if het_id and het_offset is not None:
         return f"{het_id}+{het_offset}"
-    array_id, task_id = _json_whole(job, "array_job_id"), _json_whole(job, "array_task_id")
+    array_id, task_id = json_whole(job, "array_job_id"), json_whole(job, "array_task_id")
     if array_id and task_id is not None:
         return f"{array_id}_{task_id}"
     return str(job_id)
 
 
 def _count(job: dict, key: str) -> str:
-    value = _json_whole(job, key)
+    value = json_whole(job, key)
     return "" if value is None else str(value)
 
 
@@ -227,6 +225,6 @@ def _gpus_requested(job: dict, gpus: list[tuple[str, str]], nodes: int) -> int:
     ``gres/gpu:N``) per node × nodes."""
     if gpus:
         return len(gpus)
-    per_node = _json_text(job, "tres_per_node") or ""
+    per_node = json_text(job, "tres_per_node") or ""
     match = re.search(r"gres[:/]gpu(?::[^:,=]+)?[:=](\d+)", per_node)
     return int(match.group(1)) * max(nodes, 1) if match else 0
