@@ -61,6 +61,7 @@ from audit.importers.run_files import (
     POINT_SCHEMA,
     ParsedRun,
     RunFolderSource,
+    import_run_folders,
 )
 from audit.importers.run_store import latest_from_history
 from audit.importers.store_files import read_found_text
@@ -1090,6 +1091,4 @@ def _head_hash(path: Path, length: int) -> str:
 
 
 def import_wandb(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
-    from audit.importers.files import import_files
-
-    return import_files(wh, WandbSource(skip_bad), paths, config, skip_bad, progress)
+    return import_run_folders(wh, WandbSource(skip_bad), paths, config, progress)
