@@ -54,12 +54,12 @@ def open_reader(uri: str, config: Config | None = None) -> MlflowReader:
                 f"{uri}: SQLite URIs look like sqlite:///relative.db or sqlite:////abs.db"
             )
         path = Path(unquote(raw)).expanduser().resolve()
-        from audit.importers.mlflow.sqlstore import SqlStoreReader
+        from audit.importers.mlflow.sql import SqlStoreReader
 
         return SqlStoreReader.open_sqlite(path, f"sqlite:///{path}")
     if scheme.startswith("postgres"):
         from audit.importers.mlflow.rest import redact_url
-        from audit.importers.mlflow.sqlstore import SqlStoreReader
+        from audit.importers.mlflow.sql import SqlStoreReader
 
         return SqlStoreReader.open_postgres(uri, redact_url(uri))
     if scheme in ("http", "https"):
