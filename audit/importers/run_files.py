@@ -293,10 +293,10 @@ class RunFolderSource:
             warnings=said.warnings,
             notes=said.notes,
         )
-        kept = []
-        for run in runs:
-            if self.admit(unit, run, batch):
-                kept.append(run)
+        kept = [run for run in runs if self.admit(unit, run, batch)]
+        if not kept:  # every run is imported from elsewhere: nothing of this location
+            batch.location = ""
+            return batch
         experiments = sorted({run.experiment for run in kept})
         batch.experiments = pl.DataFrame(
             {
@@ -313,7 +313,7 @@ class RunFolderSource:
         # a run the parser found unchanged is counted, never compared again: its rows are
         # not read (no details), so it must not be written
         written = [run for run in kept if not run.unchanged]
-        batch.unchanged = len(kept) - len(written)
+        batch.unchanged += len(kept) - len(written)
         batch.runs = pl.concat([_run_row(run) for run in written]) if written else _NO_RUNS
         batch.details = DetailBatch(
             run_count=len(written),

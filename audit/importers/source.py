@@ -220,14 +220,14 @@ def load_runs(wh, source: RunSource, config, progress: ProgressReporter | None =
                     progress.advance(batch.done)
             writer.flush()
             source.finish(con, summary)
-            links_changed = None if writer.wrote_samples_or_own_rows else writer.changed
-            refresh_links(con, config, changed=links_changed)
-            if writer.changed:
-                runs_seen = con.execute(
-                    "SELECT count(*) FROM runs WHERE list_contains(?, source_id)",
-                    [list(writer.changed)],
-                ).fetchall()[0][0]
-                refresh_search_tables(con, writer.changed, runs_seen)
+            # every location read, its runs written or none (an experiment may be renamed)
+            changed = {s: writer.changed.get(s, []) for s in writer.locations}
+            # links read the run tables; GPU samples and a tracker's own rows move more
+            refresh_links(con, config, changed=None if writer.wrote_more_than_runs else changed)
+            runs_seen = con.execute(
+                "SELECT count(*) FROM runs WHERE list_contains(?, source_id)", [list(changed)]
+            ).fetchall()[0][0]
+            refresh_search_tables(con, changed, runs_seen)
             summary.seconds = time.monotonic() - started
             writer.log(summary.seconds)
     finally:
@@ -269,7 +269,7 @@ class _Writer:
         self.experiments: set[tuple[str, str]] = set()
         self.changed: dict[str, list[str]] = {}  # source id -> run ids written
         self.units: list[tuple[str, int, int, int]] = []  # file_imports rows
-        self.wrote_samples_or_own_rows = False
+        self.wrote_more_than_runs = False
         self._clear()
 
     def _clear(self) -> None:
@@ -425,7 +425,7 @@ class _Writer:
         samples = [b.gpu_samples for _, b in pending if b.gpu_samples is not None]
         samples = [f for f in samples if f.height]
         if samples:
-            self.wrote_samples_or_own_rows = True
+            self.wrote_more_than_runs = True
             frame = pl.concat(samples).with_columns(
                 origin=pl.lit(self.source.tracker), source_id=pl.lit(source_id)
             )
@@ -443,7 +443,7 @@ class _Writer:
             for table, rows in b.own_rows.items():
                 own.setdefault(table, []).append(rows)
         for table, frames in sorted(own.items()):
-            self.wrote_samples_or_own_rows = True
+            self.wrote_more_than_runs = True
             insert_frame(con, table, pl.concat(frames).with_columns(source_id=pl.lit(source_id)))
 
     def log(self, seconds: float) -> None:
