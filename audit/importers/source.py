@@ -102,9 +102,6 @@ class StoredSignatures:
 
     signatures: pl.DataFrame
 
-    def of(self, source_id: str) -> pl.DataFrame:
-        return self.signatures.filter(pl.col("source_id") == source_id).drop("source_id")
-
 
 class RunSource(Protocol):
     """A tracker's runs, however they are stored (see the module's docstring).
@@ -264,6 +261,7 @@ class _Writer:
         self.con = con
         self.source = source
         self.known = known.signatures
+        self.known_by_source: dict[str, pl.DataFrame] = {}
         self.summary = summary
         self.locations: dict[str, _Location] = {}  # source_id ->
         self.experiments: set[tuple[str, str]] = set()
@@ -306,9 +304,7 @@ class _Writer:
             )
             replace_experiments(self.con, where.source_id, fresh, where.location)
             self.experiments.update((where.source_id, e) for e in fresh["experiment_id"])
-        known = self.known.filter(pl.col("source_id") == where.source_id).select(
-            "run_id", "signature"
-        )
+        known = self._known_of(where.source_id)
         runs = batch.runs
         changed = runs.join(known, on=["run_id", "signature"], how="anti")
         ids = changed["run_id"].to_list()
@@ -344,6 +340,15 @@ class _Writer:
         if self.pending_runs >= self.max_runs or self.pending_points >= self.max_points:
             self.flush()
         return ids
+
+    def _known_of(self, source_id: str) -> pl.DataFrame:
+        """The stored signatures of a location's runs (looked up once: a file source hands
+        over a batch per run folder)."""
+        found = self.known_by_source.get(source_id)
+        if found is None:
+            found = self.known.filter(pl.col("source_id") == source_id).drop("source_id")
+            self.known_by_source[source_id] = found
+        return found
 
     def _log_unit(self, batch: RunBatch, points: int) -> None:
         if batch.unit is not None:
