@@ -289,7 +289,7 @@ def test_a_store_read_in_many_small_frames_gives_the_same_warehouse(
     """A first import reads every table in frames of at most ``ROWS_PER_BATCH`` rows
     (params and tags too: 1,000,000 runs have 15 M params); with frames of 7 rows the
     reference runs' tables arrive in dozens of frames and the warehouse is the same."""
-    from audit.importers.mlflow import sqlstore
+    from audit.importers.mlflow.sql import reader as sqlstore
 
     uri = f"sqlite:///{server['backend']}"
     whole, in_parts = tmp_path / "whole.duckdb", tmp_path / "parts.duckdb"

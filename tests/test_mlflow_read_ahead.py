@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from audit.importers.files import prefetch
 from audit.importers.mlflow import import_mlflow, known_runs, open_reader
-from audit.importers.mlflow.sqlstore import SqlStoreReader
+from audit.importers.mlflow.sql import SqlStoreReader
 from audit.importers.run_store import stable_hash
 from audit.warehouse import open_warehouse
 from tests.helpers import copy_store_run, property_examples

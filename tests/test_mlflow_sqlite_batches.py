@@ -10,7 +10,7 @@ import sqlite3
 import duckdb
 from mlflow import MlflowClient
 
-from audit.importers.mlflow.sqlstore import SQLITE_BATCH_ROWS
+from audit.importers.mlflow.sql.reader import SQLITE_BATCH_ROWS
 
 
 def test_text_after_two_thousand_null_tag_values_imports(tmp_path, run_cli):

@@ -352,16 +352,15 @@ def run_import_command(source_class) -> click.Command:
 
     @pass_app
     def command(app: AppContext, paths, skip_bad, **flags) -> None:
-        from audit.importers.files import import_files
+        from audit.importers.run_files import import_run_folders
 
         config = app.config
         with app.warehouse(create=True) as wh:
-            summary = import_files(
+            summary = import_run_folders(
                 wh,
                 source_class(skip_bad=skip_bad, **flags),
                 _paths(paths),
                 config,
-                skip_bad,
                 ProgressReporter(source_class.progress_label),
             )
         _report_skipped(summary)

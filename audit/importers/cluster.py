@@ -125,7 +125,7 @@ def import_slurm(
     cluster: str = "default",
 ) -> FileImportSummary:
     source = SlurmSource(config, fields, delimiter, skip_bad, cluster)
-    return import_files(wh, source, paths, config, skip_bad)
+    return import_files(wh, source, paths, config)
 
 
 _SAMPLE_KEY = pl.struct("host", "gpu", "ts")
@@ -296,7 +296,7 @@ def import_gpu(
     skip_bad: bool = False,
     at: datetime | None = None,
 ) -> FileImportSummary:
-    return import_files(wh, GpuSource(config, host, fields, skip_bad, at), paths, config, skip_bad)
+    return import_files(wh, GpuSource(config, host, fields, skip_bad, at), paths, config)
 
 
 def stored_spans(con) -> dict:

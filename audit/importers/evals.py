@@ -42,17 +42,22 @@ from pathlib import Path
 import polars as pl
 
 from audit.errors import InputError
-from audit.importers.files import FileImportSummary, ParsedUnit, import_files
+from audit.importers.files import ParsedUnit
 from audit.importers.lm_eval import EVALUATOR, Evaluation, is_lm_eval, read_lm_eval
 from audit.importers.read import refuse_too_many_values
-from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
+from audit.importers.run_files import (
+    POINT_SCHEMA,
+    ParsedRun,
+    RunFolderSource,
+    import_run_folders,
+)
 from audit.importers.run_store import EPOCH_MS_MAX, EPOCH_MS_MIN
+from audit.importers.source import RunBatch, RunImport, StoredSignatures
 from audit.importers.store_files import read_found_file, read_named_file
 from audit.importers.text import decode, sniff
 from audit.redact import redact_frame
 from audit.text import counted
 from audit.walk import walk
-from audit.warehouse.frames import insert_frame
 
 # A results file with 1,267 embedded samples is 1.8 MB; a log of every sample of a large
 # suite stays far below this.
@@ -74,7 +79,6 @@ RESULT_SCHEMA = {
     "is_group": pl.Boolean,
     "gen_kwargs": pl.String,
 }
-_FLUSH_ROWS = 200_000
 RESULT_TEXTS = ("task", "metric", "filter", "task_version", "task_hash", "gen_kwargs")
 # the harness's datetime.now().isoformat() with ':' replaced, in results_<time>.json
 _FILE_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(?:\.\d{1,6})?)")
@@ -98,16 +102,14 @@ class EvalSource(RunFolderSource):
     unit = "file"
     read_what = "result"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, skip_bad: bool = False) -> None:
+        super().__init__(skip_bad)
         self.roots: dict[Path, Path] = {}  # unit -> the root it was found under
         self.named: set[Path] = set()  # units named on the command line
         self.folder_notes: list[str] = []
         self.stored_in: dict[str, str] = {}  # run_id -> source_id, before this import
         self.locations: dict[str, str] = {}
         self.written: dict[str, Path] = {}  # run_id -> the file it was read from, this import
-        self.pending: list[pl.DataFrame] = []
-        self.pending_rows = 0
         self.result_rows = 0
 
     # -- finding the files
@@ -177,8 +179,7 @@ class EvalSource(RunFolderSource):
         return parsed
 
     # -- writing
-    def begin(self, con) -> None:
-        super().begin(con)
+    def begin(self, con, known: StoredSignatures) -> int:
         self.stored_in = dict(
             con.execute(
                 "SELECT r.run_id, min(r.source_id) FROM runs r JOIN sources s USING (source_id) "
@@ -187,42 +188,33 @@ class EvalSource(RunFolderSource):
             ).fetchall()
         )
         self.locations = dict(con.execute("SELECT source_id, location FROM sources").fetchall())
+        return super().begin(con, known)
 
-    def write(self, con, unit: Path, parsed: ParsedUnit) -> int:
-        run: EvalRun | None = parsed.payload
-        if run is None:  # not a results file, said in a note
-            return 0
+    def admit(self, unit: Path, run: EvalRun, batch: RunBatch) -> bool:
+        """A results file's bytes are one run, imported once: a second file with the same
+        bytes (in this import, or stored under another root) is named in a note."""
         first = self.written.get(run.run_id)
         stored = self.stored_in.get(run.run_id)
         if first is not None or (stored is not None and stored != self.source_id(run)):
             where = first if first is not None else self.locations.get(stored, stored)
-            parsed.notes.append(
-                f"{unit}: the same bytes as {where} (run {run.run_id}): one run, imported once"
-            )
-            self.counts["unchanged"] += 1
-            return 0
+            batch.notes = [
+                *batch.notes,
+                f"{unit}: the same bytes as {where} (run {run.run_id}): one run, imported once",
+            ]
+            batch.unchanged += 1
+            return False
         self.written[run.run_id] = unit
-        written = super().write(con, unit, parsed)
-        if not run.unchanged and run.results.height:
-            frame = run.results.with_columns(
-                source_id=pl.lit(self.source_id(run)), run_id=pl.lit(run.run_id)
-            )
-            self.pending.append(frame)
-            self.pending_rows += frame.height
-            if self.pending_rows >= _FLUSH_ROWS:
-                self._flush_results(con)
-        return written
+        return super().admit(unit, run, batch)
 
-    def _flush_results(self, con) -> None:
-        if self.pending:
-            # the texts of a results file, redacted as every tracker's are (audit.redact)
-            frame = redact_frame(pl.concat(self.pending), RESULT_TEXTS)
-            insert_frame(con, "eval_results", frame)
-            self.result_rows += frame.height
-        self.pending, self.pending_rows = [], 0
+    def own_rows(self, run: EvalRun) -> dict[str, pl.DataFrame]:
+        if not run.results.height:
+            return {}
+        self.result_rows += run.results.height
+        # the texts of a results file, redacted as every tracker's are (audit.redact)
+        rows = redact_frame(run.results.with_columns(run_id=pl.lit(run.run_id)), RESULT_TEXTS)
+        return {"eval_results": rows}
 
-    def finish(self, con, summary: FileImportSummary) -> None:
-        self._flush_results(con)
+    def finish(self, con, summary: RunImport) -> None:
         super().finish(con, summary)
         summary.detail = "new evaluation run"
         summary.extra += f", {counted(self.result_rows, 'evaluation result')}"
@@ -230,7 +222,7 @@ class EvalSource(RunFolderSource):
 
 
 def import_evals(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
-    return import_files(wh, EvalSource(), paths, config, skip_bad, progress)
+    return import_run_folders(wh, EvalSource(skip_bad), paths, config, progress)
 
 
 def _fill_run(run: EvalRun, path: Path, evaluation: Evaluation) -> None:

@@ -1,4 +1,5 @@
-"""Shared plumbing of importers: the file-import loop, its log, reading ahead."""
+"""Shared plumbing of importers: the import loop of cluster files (Slurm, GPU telemetry,
+checkpoints), the file log, reading ahead. Tracker runs go through ``audit.importers.source``."""
 
 from __future__ import annotations
 
@@ -165,8 +166,8 @@ class FileSource:
     into what is parsed (files, or run folders), ``parse`` reads one unit without touching the
     warehouse (it may run in a worker thread), ``write`` stores it inside the import's
     transaction, ``finish`` writes what was gathered over all units. An ``InputError`` from
-    ``parse`` stops the import with nothing written, or with ``--skip-bad`` (when
-    ``skips_bad_units``) skips that unit and lists it.
+    ``parse`` stops the import with nothing written (a source's ``--skip-bad`` skips bad
+    lines inside its units). Tracker runs have their own loader (``audit.importers.source``).
     """
 
     kind: ClassVar[str]  # file_imports.kind
@@ -177,7 +178,6 @@ class FileSource:
     read_what: ClassVar[str] = "line"
     read_verb: ClassVar[str] = "read"
     workers: ClassVar[int] = 1  # units parsed ahead in threads while one is written
-    skips_bad_units: ClassVar[bool] = False
     skipped_what: ClassVar[str | None] = None  # what ParsedUnit.skipped lists, if not bad lines
 
     def units(self, paths: list[Path]) -> list[Path]:
@@ -206,7 +206,6 @@ def import_files(
     source: FileSource,
     paths: list[Path],
     config,
-    skip_bad: bool = False,
     progress: ProgressReporter | None = None,
 ) -> FileImportSummary:
     """The one import loop of file sources: one transaction, the file log, progress."""
@@ -222,8 +221,7 @@ def import_files(
         unit=source.unit,
         read_what=source.read_what,
         read_verb=source.read_verb,
-        skipped_what=source.skipped_what
-        or ("bad " + source.unit if source.skips_bad_units else "bad line"),
+        skipped_what=source.skipped_what or "bad line",
     )
     # the file log's figures only: keeping each ``parsed`` kept every file's rows in memory
     # until the end (7.3 GiB for 80 M telemetry samples)
@@ -238,10 +236,7 @@ def import_files(
                 for unit, parsed in parsed_units:
                     progress.advance(1)
                     if isinstance(parsed, InputError):
-                        if not (skip_bad and source.skips_bad_units):
-                            raise parsed
-                        summary.skipped.append(str(parsed))
-                        continue
+                        raise parsed
                     written = source.write(con, unit, parsed)
                     summary.rows_read += parsed.rows_read
                     summary.rows_written += written

@@ -51,14 +51,14 @@ class LinkSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> LinkSettings:
-        links = config.values["links"]
+        links = config.links
         prefixes = {
             remote.rstrip("/"): os.path.realpath(config.local_path(local)).rstrip("/")
-            for remote, local in links["path_prefixes"].items()
+            for remote, local in links.path_prefixes.items()
         }
         return cls(
-            job_tag_keys=tuple(links["job_tag_keys"]),
-            slack_minutes=round(float(links["time_slack_minutes"])),
+            job_tag_keys=tuple(links.job_tag_keys),
+            slack_minutes=round(float(links.time_slack_minutes)),
             path_prefixes=tuple(sorted(prefixes.items(), key=lambda p: (-len(p[0]), p[0]))),
         )
 

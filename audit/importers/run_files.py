@@ -2,11 +2,12 @@
 part they share, and the protocol of a file-based tracker importer.
 
 A tracker module turns one unit (a run folder, or a file holding several runs) into
-``ParsedRun``s; ``RunFolderSource`` (a ``FileSource`` of the shared import loop) writes
-them into the same tables as MLflow runs, through the same run-batch writer, so every
-rule, search and report sees all trackers. A subclass declares its ``kind`` and its
-command (``command_help``, ``progress_label``, ``flags``); ``audit.importers.registry``
-lists it and ``audit ingest <kind>`` is generated from it (docs/writing-an-importer.md).
+``ParsedRun``s; ``RunFolderSource`` hands them to the one loader of every tracker
+(``audit.importers.source.load_runs``) as ``RunBatch``es, which writes them into the same
+tables as MLflow runs, so every rule, search and report sees all trackers. A subclass
+declares its ``kind`` and its command (``command_help``, ``progress_label``, ``flags``);
+``audit.importers.registry`` lists it and ``audit ingest <kind>`` is generated from it
+(docs/writing-an-importer.md).
 
 - Source: the folder holding the run folders (a ``wandb/`` folder, a training output's
   parent, a TensorBoard log dir), ``source_id`` = hash of kind and that path. The same run
@@ -19,6 +20,8 @@ lists it and ``audit ingest <kind>`` is generated from it (docs/writing-an-impor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,21 +29,26 @@ from typing import ClassVar
 
 import polars as pl
 
+from audit.errors import InputError
 from audit.importers import numbers
-from audit.importers.files import FileImportSummary, FileSource, ParsedUnit
+from audit.importers.files import ParsedUnit, parse_ahead
 from audit.importers.run_store import (
+    EXPERIMENT_SCHEMA,
     METRIC_SCHEMA,
     PARAM_SCHEMA,
     RUN_SCHEMA,
     TAG_SCHEMA,
     DetailBatch,
     latest_from_history,
-    runs_frame,
-    stable_hash,
-    upsert_source,
-    write_batch,
 )
-from audit.importers.search_index import refresh_search_tables
+from audit.importers.source import (
+    RunBatch,
+    RunImport,
+    StoredSignatures,
+    UnitRead,
+    load_runs,
+    source_id_of,
+)
 from audit.importers.telemetry import (
     FIRST_YEAR,
     LAST_YEAR,
@@ -48,11 +56,8 @@ from audit.importers.telemetry import (
     VALID_RANGES,
     valid_value,
 )
+from audit.progress import ProgressReporter
 from audit.redact import redact_text
-from audit.text import counted
-from audit.warehouse.frames import execute_on_frame, insert_frame
-from audit.warehouse.samples import append_samples, delete_samples
-from audit.windows import now_utc
 
 # Metric points without run_id: what a parser hands over for one run.
 POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}
@@ -61,7 +66,6 @@ POINT_SCHEMA = {k: v for k, v in METRIC_SCHEMA.items() if k != "run_id"}
 GPU_SAMPLE_SCHEMA = {
     k: v for k, v in SAMPLE_SCHEMA.items() if k not in ("job_label", "pod", "origin")
 }
-RUN_TABLES = ("runs", "params", "tags", "metrics", "latest_metrics", "dataset_inputs")
 
 
 @dataclass
@@ -99,10 +103,6 @@ def _shown_ms(ms: int) -> str:
         return f"{ms} ms"
 
 
-def source_id_of(kind: str, source_dir: Path) -> str:
-    return stable_hash(kind, str(source_dir))[:12]
-
-
 @dataclass(frozen=True)
 class Flag:
     """An on/off option of an importer's command (``--trust-file-times``), handed to the
@@ -116,18 +116,25 @@ class Flag:
         return self.option.lstrip("-").replace("-", "_")
 
 
-class RunFolderSource(FileSource):
-    """The shared writer of tracker runs; subclasses implement ``units`` and ``parse``.
+class RunFolderSource:
+    """A file-based tracker as a ``RunSource``; subclasses implement ``units`` and ``parse``.
 
     ``parse`` returns a ``ParsedUnit`` whose payload is one ``ParsedRun`` (a run folder)
-    or a list of them (a store file holding many runs). Everything a subclass reads passes
-    the same gates on its way in: bounds (``parse_checked``), redaction and time checks
-    (``run_store``), the incremental state (``known_signature``, ``cursors``).
+    or a list of them (a store file holding many runs). Units are parsed ahead in threads
+    (``workers``); each becomes a ``RunBatch`` of the loader (``audit.importers.source``),
+    which writes it. Everything a subclass reads passes the same gates on its way in:
+    bounds (``parse_checked``), redaction and time checks (the loader's write functions),
+    the incremental state (``known_signature``, ``cursors``).
     """
 
-    unit = "run folder"
-    read_what = "record"
-    skips_bad_units = True
+    kind: ClassVar[str]  # sources.kind, file_imports.kind, the origin of its GPU samples
+    # the summary line's nouns, in the singular: what is written, what a unit is, what
+    # rows_read counts
+    noun: ClassVar[str]
+    unit: ClassVar[str] = "run folder"
+    read_what: ClassVar[str] = "record"
+    read_verb: ClassVar[str] = "read"
+    workers: ClassVar[int] = 1  # units parsed ahead in threads while one is written
     # The generated ``audit ingest <kind>`` command: its help (click's text, with an
     # "Example:" block), what its progress bar says, and its on/off options.
     command_help: ClassVar[str]
@@ -135,24 +142,35 @@ class RunFolderSource(FileSource):
     flags: ClassVar[tuple[Flag, ...]] = ()
 
     def __init__(self, skip_bad: bool = False) -> None:
-        self.skip_bad = skip_bad  # a source may import the good part of a damaged unit
+        self.skip_bad = skip_bad  # a bad unit is skipped and listed, not the end
+        self.paths: list[Path] = []
+        self.found: list[Path] = []
         self.known: dict[tuple[str, str], str] = {}
         self.cursors: dict[str, dict] = {}
-        self.changed: dict[str, list[str]] = {}
-        self.sources: dict[str, str] = {}
-        self.experiments: set[tuple[str, str]] = set()
-        self.counts = dict(unchanged=0, params=0, tags=0, points=0, samples=0)
-        self.queue = _RunQueue()
         # (source, run id) -> the folder it is imported from in this import: the first in
         # path order; another folder with the same run (a copy) is left out and named
         self.owners: dict[tuple[str, str], Path] = {}
-        self.copies: list[str] = []
+
+    @property
+    def tracker(self) -> str:
+        return self.kind
+
+    def reading(self, paths: list[Path]) -> RunFolderSource:
+        """This source, to read ``paths`` (files or folders as given on the command line)."""
+        self.paths = list(paths)
+        return self
+
+    def units(self, paths: list[Path]) -> list[Path]:
+        return paths
+
+    def parse(self, unit: Path) -> ParsedUnit:
+        raise NotImplementedError
 
     def source_id(self, parsed: ParsedRun) -> str:
-        return source_id_of(self.kind, parsed.source_dir)
+        return source_id_of(self.kind, str(parsed.source_dir))
 
     def known_signature(self, source_dir: Path, run_id: str) -> str | None:
-        return self.known.get((source_id_of(self.kind, source_dir), run_id))
+        return self.known.get((source_id_of(self.kind, str(source_dir)), run_id))
 
     def parse_checked(self, unit: Path) -> ParsedUnit:
         """The runs of a unit as parsed, held to the bounds every tracker's values keep to
@@ -213,16 +231,10 @@ class RunFolderSource(FileSource):
                 )
                 run.gpu_samples = kept
 
-    def begin(self, con) -> None:
+    # -- as a RunSource
+    def begin(self, con, known: StoredSignatures) -> int:
         # Read once, before any unit is parsed: parsers (in worker threads) look them up.
-        self.known = {
-            (s, r): sig
-            for s, r, sig in con.execute(
-                "SELECT r.source_id, r.run_id, r.signature FROM runs r "
-                "JOIN sources s USING (source_id) WHERE s.kind = ?",
-                [self.kind],
-            ).fetchall()
-        }
+        self.known = {(s, r): sig for s, r, sig in known.signatures.iter_rows()}
         self.cursors = {
             row[0]: dict(zip(("path", "size", "mtime", "resume_offset", "state"), row, strict=True))
             for row in con.execute(
@@ -231,148 +243,179 @@ class RunFolderSource(FileSource):
                 [self.kind],
             ).fetchall()
         }
+        self.found = self.units(self.paths)
+        return len(self.found)
 
-    def write(self, con, unit: Path, parsed) -> int:
-        return sum(self._write_run(con, unit, run) for run in runs_of(parsed))
+    def batches(self) -> Iterator[RunBatch]:
+        # closed at the loop's end, not when collected: a Ctrl-C while it stops its threads
+        # then ends the command like any other (not "Exception ignored in")
+        with closing(parse_ahead(self.parse_checked, self.found, self.workers)) as parsed_units:
+            for unit, parsed in parsed_units:
+                if isinstance(parsed, InputError):
+                    if not self.skip_bad:
+                        raise parsed
+                    yield RunBatch(location="", runs=_NO_RUNS, done=1, skipped=[str(parsed)])
+                    continue
+                yield from self._batches_of(unit, parsed)
 
-    def _write_run(self, con, unit: Path, run: ParsedRun) -> int:
-        run.experiment = redact_text(run.experiment)  # its id and its name
-        source_id = self.source_id(run)
-        if source_id not in self.sources:
-            location = str(run.source_dir)
-            upsert_source(con, source_id, self.kind, location, now_utc())
-            self.sources[source_id] = location
-        owner = self.owners.setdefault((source_id, run.run_id), unit)
+    def _batches_of(self, unit: Path, parsed: ParsedUnit) -> Iterator[RunBatch]:
+        """A unit's runs, a batch per source folder (one, but for a unit spanning two)."""
+        by_folder: dict[Path, list[ParsedRun]] = {}
+        for run in runs_of(parsed):
+            run.experiment = redact_text(run.experiment)  # its id and its name
+            by_folder.setdefault(run.source_dir, []).append(run)
+        read = UnitRead(str(unit.resolve()), parsed.rows_read, len(parsed.skipped))
+        said = RunBatch(
+            location="",
+            runs=_NO_RUNS,
+            unit=read,
+            done=1,
+            skipped=parsed.skipped,
+            warnings=parsed.warnings,
+            notes=parsed.notes,
+        )
+        if not by_folder:
+            yield said
+            return
+        for index, (folder, runs) in enumerate(by_folder.items()):
+            batch = self._batch(unit, str(folder), runs, said)
+            if index:
+                batch.unit.rows_read, batch.unit.skipped = 0, 0
+            yield batch
+
+    def _batch(self, unit: Path, location: str, runs: list[ParsedRun], said: RunBatch) -> RunBatch:
+        batch = RunBatch(
+            location=location,
+            runs=_NO_RUNS,
+            unit=UnitRead(said.unit.path, said.unit.rows_read, said.unit.skipped),
+            done=said.done,
+            skipped=said.skipped,
+            warnings=said.warnings,
+            notes=said.notes,
+        )
+        kept = [run for run in runs if self.admit(unit, run, batch)]
+        if not kept:  # every run is imported from elsewhere: nothing of this location
+            batch.location = ""
+            return batch
+        experiments = sorted({run.experiment for run in kept})
+        batch.experiments = pl.DataFrame(
+            {
+                "experiment_id": experiments,
+                "name": experiments,
+                "lifecycle_stage": ["active"] * len(experiments),
+            },
+            schema={k: EXPERIMENT_SCHEMA[k] for k in ("experiment_id", "name", "lifecycle_stage")},
+        ).with_columns(
+            artifact_location=pl.lit(None, pl.String),
+            creation_time=pl.lit(None, pl.Int64),
+            last_update_time=pl.lit(None, pl.Int64),
+        )
+        # a run the parser found unchanged is counted, never compared again: its rows are
+        # not read (no details), so it must not be written
+        written = [run for run in kept if not run.unchanged]
+        batch.unchanged += len(kept) - len(written)
+        batch.runs = pl.concat([_run_row(run) for run in written]) if written else _NO_RUNS
+        batch.details = DetailBatch(
+            run_count=len(written),
+            params=_frame([(r.run_id, r.params) for r in written], PARAM_SCHEMA),
+            tags=_frame([(r.run_id, r.tags) for r in written], TAG_SCHEMA),
+            metrics=pl.concat(
+                [_with_run(r.points, r.run_id) for r in written]
+                or [pl.DataFrame(schema=METRIC_SCHEMA)]
+            ),
+            latest_metrics=pl.concat(
+                [
+                    _with_run(r.latest, r.run_id)
+                    if r.latest is not None
+                    else latest_from_history(_with_run(r.points, r.run_id))
+                    for r in written
+                ]
+                or [pl.DataFrame(schema=METRIC_SCHEMA)]
+            ),
+        )
+        samples = [
+            r.gpu_samples.with_columns(run_id=pl.lit(r.run_id, pl.String))
+            for r in written
+            if r.gpu_samples is not None and r.gpu_samples.height
+        ]
+        batch.gpu_samples = pl.concat(samples) if samples else None
+        batch.cursors = {r.run_id: r.cursor for r in written if r.cursor is not None}
+        batch.appended = {r.run_id: r.replaced_keys for r in written if r.append}
+        for run in written:
+            for table, rows in self.own_rows(run).items():
+                batch.own_rows[table] = (
+                    pl.concat([batch.own_rows[table], rows]) if table in batch.own_rows else rows
+                )
+        return batch
+
+    def admit(self, unit: Path, run: ParsedRun, batch: RunBatch) -> bool:
+        """Whether ``run`` of ``unit`` is imported: not when another unit of this import
+        holds the same run (a copy of its folder), which is named."""
+        owner = self.owners.setdefault((self.source_id(run), run.run_id), unit)
         if owner != unit:
-            self.copies.append(
+            batch.warnings = [
+                *batch.warnings,
                 f"{unit}: run {run.run_id} is imported from {owner} already; this folder "
-                "holds the same run and is left out"
-            )
-            return 0
-        if (source_id, run.experiment) not in self.experiments:
-            con.execute(
-                "INSERT INTO experiments (source_id, experiment_id, name, lifecycle_stage) "
-                "SELECT ?, ?, ?, 'active' WHERE NOT EXISTS (SELECT 1 FROM experiments "
-                "WHERE source_id = ? AND experiment_id = ?)",
-                [source_id, run.experiment, run.experiment, source_id, run.experiment],
-            )
-            self.experiments.add((source_id, run.experiment))
-        if run.unchanged:
-            self.counts["unchanged"] += 1
-            return 0
-        if run.append:
-            self._clear_for_append(con, source_id, run)
-        elif (source_id, run.run_id) in self.known:
-            self.queue.stale.append((source_id, run.run_id))
-        self.queue.add(source_id, run)
-        self.changed.setdefault(source_id, []).append(run.run_id)
-        self.counts["params"] += len(run.params)
-        self.counts["tags"] += len(run.tags)
-        self.counts["points"] += run.points.height
-        self.counts["samples"] += run.gpu_samples.height if run.gpu_samples is not None else 0
-        if self.queue.full():
-            self.queue.flush(con, self.kind)
-        return run.points.height
+                "holds the same run and is left out",
+            ]
+            return False
+        return True
 
-    @staticmethod
-    def _clear_for_append(con, source_id: str, run: ParsedRun) -> None:
-        """A grown log: the run's small tables are rewritten, its points and samples kept."""
-        key = [source_id, run.run_id]
-        for table in ("runs", "params", "tags", "latest_metrics", "run_files"):
-            con.execute(f"DELETE FROM {table} WHERE source_id = ? AND run_id = ?", key)
-        if run.replaced_keys:
-            con.execute(
-                "DELETE FROM metrics WHERE source_id = ? AND run_id = ? AND list_contains(?, key)",
-                [*key, run.replaced_keys],
-            )
+    def own_rows(self, run: ParsedRun) -> dict[str, pl.DataFrame]:
+        """Rows of the tracker's own tables for a run written (with run_id)."""
+        return {}
 
-    @staticmethod
-    def _run_row(run: ParsedRun) -> pl.DataFrame:
-        return pl.DataFrame(
-            [
-                {
-                    "run_id": run.run_id,
-                    "experiment_id": run.experiment,
-                    "name": run.name,
-                    "user_id": run.user_id,
-                    "status": run.status,
-                    "start_time": run.start_ms,
-                    "end_time": run.end_ms,
-                    "lifecycle_stage": "active",
-                    "deleted_time": None,
-                    "artifact_uri": run.artifact_uri,
-                    "source_name": run.source_name,
-                    "source_type": "LOCAL",
-                    "source_commit": run.source_commit,
-                    "signature": run.signature,
-                }
-            ],
-            schema=RUN_SCHEMA,
-        )
+    def details(self, location: str, run_ids: list[str]) -> Iterator[DetailBatch]:
+        raise NotImplementedError("a file source reads every run's details with the run")
 
-    def finish(self, con, summary: FileImportSummary) -> None:
-        self.queue.flush(con, self.kind)
-        if self.changed:
-            runs_seen = con.execute(
-                "SELECT count(*) FROM runs WHERE list_contains(?, source_id)", [list(self.changed)]
-            ).fetchall()[0][0]
-            refresh_search_tables(con, self.changed, runs_seen)
-        written = sum(len(ids) for ids in self.changed.values())
-        summary.rows_written = written
-        summary.warnings.extend(self.copies)
-        summary.detail = "new or changed run"
-        c = self.counts
-        summary.extra = (
-            f"{c['unchanged']:,} unchanged: {counted(c['params'], 'param')}, "
-            f"{counted(c['tags'], 'tag')}, {counted(c['points'], 'metric point')}, "
-            f"{counted(c['samples'], 'GPU sample')}"
-        )
+    def finish(self, con, summary: RunImport) -> None:
+        """After the last unit, inside the transaction: the summary's words."""
+        summary.files = len(self.found)
+        summary.unit = self.unit
+        summary.read_what = self.read_what
+        summary.read_verb = self.read_verb
+        summary.skipped_what = "bad " + self.unit
+
+    def close(self) -> None:
+        """Nothing held open between units."""
 
 
-def runs_of(parsed: ParsedUnit) -> list[ParsedRun]:
-    """The runs a unit held: none for a file skipped with a note."""
-    payload = parsed.payload
-    if payload is None:
-        return []
-    return payload if isinstance(payload, list) else [payload]
+def import_run_folders(
+    wh, source: RunFolderSource, paths: list[Path], config, progress: ProgressReporter | None = None
+) -> RunImport:
+    """Import ``paths`` with a file-based tracker's source, through the one loader."""
+    return load_runs(wh, source.reading(paths), config, progress)
 
 
-class _RunQueue:
-    """Parsed runs gathered into large inserts: one insert per table and source for many
-    runs (a thousand small runs cost 6,000 statements one by one)."""
+_NO_RUNS = pl.DataFrame(schema=RUN_SCHEMA)
 
-    max_runs = 500
-    max_points = 2_000_000
 
-    def __init__(self) -> None:
-        self.by_source: dict[str, list[ParsedRun]] = {}
-        self.stale: list[tuple[str, str]] = []  # stored runs to replace
-        self.runs = 0
-        self.points = 0
+def _with_run(points: pl.DataFrame, run_id: str) -> pl.DataFrame:
+    return points.with_columns(run_id=pl.lit(run_id, pl.String)).select(list(METRIC_SCHEMA))
 
-    def add(self, source_id: str, run: ParsedRun) -> None:
-        self.by_source.setdefault(source_id, []).append(run)
-        self.runs += 1
-        self.points += run.points.height
 
-    def full(self) -> bool:
-        return self.runs >= self.max_runs or self.points >= self.max_points
-
-    def flush(self, con, origin: str) -> None:
-        if self.stale:
-            stale = pl.DataFrame(
-                self.stale, schema={"source_id": pl.String, "run_id": pl.String}, orient="row"
-            )
-            of_stale = (
-                "EXISTS (SELECT 1 FROM incoming_frame s "
-                "WHERE s.source_id = t.source_id AND s.run_id = t.run_id)"
-            )
-            for table in (*RUN_TABLES, "run_files"):
-                execute_on_frame(con, f"DELETE FROM {table} t WHERE {of_stale}", stale)
-            delete_samples(con, of_stale, stale)
-        for source_id, runs in self.by_source.items():
-            _insert_runs(con, source_id, runs, origin)
-        self.__init__()
+def _run_row(run: ParsedRun) -> pl.DataFrame:
+    return pl.DataFrame(
+        [
+            {
+                "run_id": run.run_id,
+                "experiment_id": run.experiment,
+                "name": run.name,
+                "user_id": run.user_id,
+                "status": run.status,
+                "start_time": run.start_ms,
+                "end_time": run.end_ms,
+                "lifecycle_stage": "active",
+                "deleted_time": None,
+                "artifact_uri": run.artifact_uri,
+                "source_name": run.source_name,
+                "source_type": "LOCAL",
+                "source_commit": run.source_commit,
+                "signature": run.signature,
+            }
+        ],
+        schema=RUN_SCHEMA,
+    )
 
 
 def _frame(column_rows: list[tuple[str, dict[str, str]]], schema: dict) -> pl.DataFrame:
@@ -383,54 +426,9 @@ def _frame(column_rows: list[tuple[str, dict[str, str]]], schema: dict) -> pl.Da
     )
 
 
-def _insert_runs(con, source_id: str, runs: list[ParsedRun], origin: str) -> None:
-    now = now_utc()
-    location = str(runs[0].source_dir)  # one source: the folder holding the run folders
-    insert_frame(
-        con,
-        "runs",
-        runs_frame(
-            pl.concat([RunFolderSource._run_row(r) for r in runs]), source_id, now, location
-        ),
-    )
-    points = pl.concat(
-        [r.points.with_columns(run_id=pl.lit(r.run_id, pl.String)) for r in runs]
-    ).select(list(METRIC_SCHEMA))
-    latest = pl.concat(
-        [
-            r.latest.with_columns(run_id=pl.lit(r.run_id, pl.String)).select(list(METRIC_SCHEMA))
-            if r.latest is not None
-            else latest_from_history(
-                r.points.with_columns(run_id=pl.lit(r.run_id, pl.String))
-            ).select(list(METRIC_SCHEMA))
-            for r in runs
-        ]
-    )
-    write_batch(
-        con,
-        DetailBatch(
-            run_count=len(runs),
-            params=_frame([(r.run_id, r.params) for r in runs], PARAM_SCHEMA),
-            tags=_frame([(r.run_id, r.tags) for r in runs], TAG_SCHEMA),
-            metrics=points,
-            latest_metrics=latest,
-        ),
-        source_id,
-        location,
-    )
-    samples = [
-        r.gpu_samples.with_columns(run_id=pl.lit(r.run_id, pl.String))
-        for r in runs
-        if r.gpu_samples is not None and r.gpu_samples.height
-    ]
-    if samples:
-        frame = pl.concat(samples).with_columns(origin=pl.lit(origin), source_id=pl.lit(source_id))
-        # One row per (host, gpu, ts): a sample a host's telemetry already holds is kept.
-        append_samples(con, frame, only_new=True)
-    cursors = [
-        (source_id, r.run_id, c["path"], c["size"], c["mtime"], c["resume_offset"], c["state"])
-        for r in runs
-        if (c := r.cursor) is not None
-    ]
-    if cursors:
-        con.executemany("INSERT INTO run_files VALUES (?, ?, ?, ?, ?, ?, ?)", cursors)
+def runs_of(parsed: ParsedUnit) -> list[ParsedRun]:
+    """The runs a unit held: none for a file skipped with a note."""
+    payload = parsed.payload
+    if payload is None:
+        return []
+    return payload if isinstance(payload, list) else [payload]

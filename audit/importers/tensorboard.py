@@ -33,7 +33,12 @@ import polars as pl
 from audit.errors import InputError, install_hint
 from audit.importers import numbers
 from audit.importers.files import ParsedUnit
-from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
+from audit.importers.run_files import (
+    POINT_SCHEMA,
+    ParsedRun,
+    RunFolderSource,
+    import_run_folders,
+)
 from audit.importers.store_files import open_found_file, require_found_file
 from audit.walk import walk
 
@@ -297,6 +302,4 @@ def _hparams(value, plugin_data_pb2, path: Path) -> dict[str, str]:
 
 
 def import_tensorboard(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
-    from audit.importers.files import import_files
-
-    return import_files(wh, TensorBoardSource(skip_bad), paths, config, skip_bad, progress)
+    return import_run_folders(wh, TensorBoardSource(skip_bad), paths, config, progress)

@@ -45,7 +45,13 @@ from audit.importers import numbers
 from audit.importers.files import ParsedUnit
 from audit.importers.params import flatten_config
 from audit.importers.read import MAX_LINE_VALUES, jsonl_records, parse_json
-from audit.importers.run_files import POINT_SCHEMA, Flag, ParsedRun, RunFolderSource
+from audit.importers.run_files import (
+    POINT_SCHEMA,
+    Flag,
+    ParsedRun,
+    RunFolderSource,
+    import_run_folders,
+)
 from audit.importers.store_files import read_found_file, read_found_text
 from audit.walk import walk
 from audit.warehouse.values import RUN_SECONDS_TAG, TIME_BASIS_TAG
@@ -554,13 +560,6 @@ def import_trainer_logs(
     progress=None,
     trust_file_times: bool = False,
 ):
-    from audit.importers.files import import_files
-
-    return import_files(
-        wh,
-        TrainerLogSource(skip_bad, trust_file_times),
-        paths,
-        config,
-        skip_bad,
-        progress,
+    return import_run_folders(
+        wh, TrainerLogSource(skip_bad, trust_file_times), paths, config, progress
     )

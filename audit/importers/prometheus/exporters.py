@@ -173,22 +173,22 @@ class Settings:
 
 def settings_from(config) -> Settings:
     """Check ``[prometheus]``: a bad entry is an error naming it (exit 2)."""
-    section = config.values["prometheus"]
+    section = config.prometheus
     where = f"config {config.path or '(defaults)'}: [prometheus]"
-    exporter = section["exporter"]
+    exporter = section.exporter
     if exporter not in ("auto", "custom", *EXPORTERS):
         raise InputError(
             f"{where} exporter {exporter!r} is not one of: auto, custom, {', '.join(EXPORTERS)}"
         )
     metrics = {}
-    for key, text in section["metrics"].items():
+    for key, text in section.metrics.items():
         if key not in METRIC_FIELDS:
             raise InputError(
                 f"{where} metrics.{key}: unknown field; valid fields: {', '.join(METRIC_FIELDS)}"
             )
         metrics[key] = _metric(text, f"{where} metrics.{key}")
     labels = {}
-    for key, text in section["labels"].items():
+    for key, text in section.labels.items():
         if key not in LABEL_FIELDS:
             raise InputError(
                 f"{where} labels.{key}: unknown field; valid fields: {', '.join(LABEL_FIELDS)}"
@@ -200,7 +200,7 @@ def settings_from(config) -> Settings:
             )
         labels[key] = names
     resolution = []
-    for key, text in section["resolution"].items():
+    for key, text in section.resolution.items():
         limit = None if key == "longer" else seconds_of(key)
         step = seconds_of(text)
         if (limit is None and key != "longer") or step is None:
@@ -219,23 +219,27 @@ def settings_from(config) -> Settings:
         "max_retries": (0, 20),
     }
     for key, (lo, hi) in numbers.items():
-        if not lo <= section[key] <= hi:
-            raise InputError(f"{where} {key} must be from {lo:,} to {hi:,}, got {section[key]!r}")
+        if not lo <= getattr(section, key) <= hi:
+            raise InputError(
+                f"{where} {key} must be from {lo:,} to {hi:,}, got {getattr(section, key)!r}"
+            )
     for key in ("timeout_seconds", "backoff_seconds", "max_response_mb"):
-        if not 0 < section[key] <= 1e6:
-            raise InputError(f"{where} {key} must be a positive number, got {section[key]!r}")
+        if not 0 < getattr(section, key) <= 1e6:
+            raise InputError(
+                f"{where} {key} must be a positive number, got {getattr(section, key)!r}"
+            )
     return Settings(
         exporter=exporter,
         metrics=metrics,
         labels=labels,
         resolution=resolution,
-        max_points_per_series=section["max_points_per_series"],
-        max_points_per_query=section["max_points_per_query"],
-        concurrency=section["concurrency"],
-        timeout_s=float(section["timeout_seconds"]),
-        max_retries=section["max_retries"],
-        backoff_s=float(section["backoff_seconds"]),
-        max_response_bytes=int(section["max_response_mb"] * 2**20),
+        max_points_per_series=section.max_points_per_series,
+        max_points_per_query=section.max_points_per_query,
+        concurrency=section.concurrency,
+        timeout_s=float(section.timeout_seconds),
+        max_retries=section.max_retries,
+        backoff_s=float(section.backoff_seconds),
+        max_response_bytes=int(section.max_response_mb * 2**20),
     )
 
 

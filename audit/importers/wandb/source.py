@@ -15,7 +15,12 @@ from audit import bounded_yaml
 from audit.errors import install_hint
 from audit.importers.files import ParsedUnit
 from audit.importers.record_log import LogEnd
-from audit.importers.run_files import POINT_SCHEMA, ParsedRun, RunFolderSource
+from audit.importers.run_files import (
+    POINT_SCHEMA,
+    ParsedRun,
+    RunFolderSource,
+    import_run_folders,
+)
 from audit.importers.run_store import latest_from_history
 from audit.importers.store_files import read_found_text
 from audit.importers.wandb.fold import read_records
@@ -256,6 +261,4 @@ class WandbSource(RunFolderSource):
 
 
 def import_wandb(wh, paths: list[Path], config, skip_bad: bool = False, progress=None):
-    from audit.importers.files import import_files
-
-    return import_files(wh, WandbSource(skip_bad), paths, config, skip_bad, progress)
+    return import_run_folders(wh, WandbSource(skip_bad), paths, config, progress)
