@@ -12,7 +12,7 @@ import pytest
 from audit.rule_registry import all_rules
 from tests.helpers import REPO, log_train_dataset
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
 PINNED = {"AUDIT_NOW": "2026-11-30T08:00:00"}

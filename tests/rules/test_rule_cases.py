@@ -12,7 +12,7 @@ import pytest
 from audit.rule_registry import all_rules
 from audit.testing import case_id, check_case, load_cases
 
-CASES_DIR = Path(__file__).parent / "cases"
+CASES_DIR = Path(__file__).parents[1] / "cases"
 CASES = load_cases(CASES_DIR)
 BUILT_IN = [r for r in all_rules().values() if r.__module__.startswith("audit.rules.")]
 

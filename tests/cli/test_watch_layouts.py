@@ -24,7 +24,7 @@ from audit.importers.live import follow_files
 from audit.importers.slurm_live import read_live_jobs
 from audit.warehouse import open_warehouse
 
-LIVE = Path(__file__).parent / "data" / "slurm" / "live"
+LIVE = Path(__file__).parents[1] / "data" / "slurm" / "live"
 UTC = ZoneInfo("UTC")
 TIMES = ("start_time", "end_time", "submit_time", "eligible_time")
 NO_VAL_NUMBERS = (

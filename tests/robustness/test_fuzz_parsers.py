@@ -168,7 +168,7 @@ def test_fuzzed_filters_answer_or_say_where_they_fail(small_registry, tokens, no
 
 
 SAMPLE_WANDB_LOG = next(
-    (Path(__file__).resolve().parent.parent / "sample_logs" / "wandb").glob("*/run-*.wandb")
+    (Path(__file__).resolve().parents[2] / "sample_logs" / "wandb").glob("*/run-*.wandb")
 )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from audit.config import load_config
 from audit.importers.mlflow import rest
-from tests.test_faulty_server import FaultProxy
+from tests.robustness.test_faulty_server import FaultProxy
 
 
 def history(db) -> list[str]:

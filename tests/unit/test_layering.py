@@ -11,7 +11,7 @@ import ast
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base",

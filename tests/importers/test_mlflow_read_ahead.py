@@ -24,7 +24,7 @@ from audit.importers.mlflow.sqlstore import SqlStoreReader
 from audit.importers.run_store import stable_hash
 from audit.warehouse import open_warehouse
 from tests.helpers import copy_store_run, property_examples
-from tests.test_mlflow_change_proof import _WRITES, _write
+from tests.importers.test_mlflow_change_proof import _WRITES, _write
 
 # written at import time, so two imports of the same store differ in them
 _IMPORT_TIMES = {"runs": "imported_at", "search_runs": "imported_at"}

@@ -742,7 +742,7 @@ SERVER = {
 
 @pytest.mark.parametrize("name", list(SERVER))
 def test_malformed_server_answer(name, server, seeded, tmp_path):
-    from tests.test_faulty_server import FaultProxy
+    from tests.robustness.test_faulty_server import FaultProxy
 
     endpoint, rewrite, expected = SERVER[name]
     config = tmp_path / "audit.toml"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from audit.costs import JOB_EXTRA_COLUMNS, Facts, JobFacts
 from audit.testing import at, build_warehouse
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_jobs_column_kept_is_read():

@@ -24,7 +24,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Param, RunTag
 
 from tests.helpers import REPO
-from tests.test_prune_cases import checkpoint, plan_paths, write_config
+from tests.cli.test_prune_cases import checkpoint, plan_paths, write_config
 
 
 def _runs(store: Path, runs: dict[str, str], tags: dict[str, dict[str, str]] | None = None):

@@ -102,7 +102,7 @@ def test_a_tolerance_that_cannot_judge_is_refused(store_and_server, run_cli, tmp
 
 
 def test_a_server_answering_for_another_run_is_refused(store_and_server, run_cli, tmp_path):
-    from tests.test_faulty_server import FaultProxy
+    from tests.robustness.test_faulty_server import FaultProxy
 
     s = store_and_server
     db = tmp_path / "w.duckdb"
