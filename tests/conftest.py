@@ -1,3 +1,27 @@
+"""The test suite, by layer: each folder holds the tests of one layer of the tool, so a
+change to a layer names the tests to run first.
+
+- ``unit/``: one library module in process (warehouse, allocator, facts, the filter
+  evaluator, the layering of imports), no CLI and no source files.
+- ``importers/``: each source read into the warehouse (MLflow stores and servers, W&B and
+  the other file trackers, Slurm, telemetry, Prometheus, checkpoints and links, redaction).
+- ``rules/``: rules and the scan: the cases in ``cases/``, rules on real and logged runs,
+  the accuracy against the expert verdicts, the plug-in example.
+- ``cli/``: commands as a user calls them: errors, language, docs and packaging, gate,
+  prune, queries, status, watch.
+- ``reports/``: the weekly and scan reports and their figures.
+- ``robustness/``: hostile, broken and random input (corpora, fuzzing and properties that
+  attack), kill -9, Ctrl-C, concurrency, full disks, secrets. ``test_extreme_warehouse``
+  is here: extreme values, not size.
+- ``scale/``: the benchmark harness and what lies beyond one machine.
+
+Shared parts stay at this level: ``helpers.py`` (functions), this conftest (fixtures every
+layer uses; a layer's own fixtures in its conftest), ``cases/``, ``data/``, ``golden/``,
+the example plug-ins, ``accuracy/`` (``python -m tests.accuracy``), and the parts a few
+tests start (``slurm_cluster.py``, ``hostile_cases.py``, ``watch_parts.py``,
+``docs_pages.py``).
+"""
+
 from __future__ import annotations
 
 import os

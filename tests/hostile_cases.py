@@ -48,8 +48,8 @@ class Case:
     seconds: float = 60.0
     max_rss: int | None = None  # bytes of peak memory the command must stay under
     env: dict = field(default_factory=dict)
-    # the corpus whose test runs it: "run folders" (tests/test_hostile_run_folders.py) or
-    # "input" (tracking servers, stores and the config: tests/test_bad_input_corpus.py)
+    # the corpus whose test runs it: "run folders" (tests/robustness/test_hostile_run_folders.py) or
+    # "input" (tracking servers, stores and the config: tests/robustness/test_bad_input_corpus.py)
     corpus: str = "run folders"
 
 

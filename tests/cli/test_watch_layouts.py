@@ -1,5 +1,5 @@
 """The controller's job list in every layout from Slurm 22.05 to 25.11, the files the
-watch follows, and its configuration (no Slurm needed: tests/test_watch_slurm.py runs
+watch follows, and its configuration (no Slurm needed: tests/cli/test_watch_slurm.py runs
 the real one).
 
 22.05's document is what Debian's 22.05.8 answered in tests/slurm_cluster.py. The later

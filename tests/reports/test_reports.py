@@ -86,7 +86,7 @@ def test_weekly_json(run_cli, fresh_demo_db):
     # The reasoning team's three W&B runs add num_gpus × run duration = 88.5 GPU-h at the
     # default $2.00/GPU-h (no GPU type known for runs outside Slurm): $177.07. The waste
     # of that spend leaves out the idle host ($288, its own figure) and storage ($/month);
-    # tests/test_headline.py recomputes each figure from the findings.
+    # tests/reports/test_headline.py recomputes each figure from the findings.
     headline = dict(doc["headline"])
     assert [f["figure"] for f in headline.pop("formulas")][:2] == ["Spent", "Wasted"]
     assert headline == {

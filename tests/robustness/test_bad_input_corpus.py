@@ -562,7 +562,7 @@ def test_write_tally():
 
 # -- issue 40: tracking-server answers, store times and config numbers ------------------------
 # Each in its own process, bounded in time and address space (tests/hostile_cases.py; the
-# run-folder cases are in tests/test_hostile_run_folders.py).
+# run-folder cases are in tests/robustness/test_hostile_run_folders.py).
 from tests import hostile_cases  # noqa: E402
 
 
