@@ -23,8 +23,8 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunTag
 
-from tests.helpers import REPO
 from tests.cli.test_prune_cases import checkpoint, plan_paths, write_config
+from tests.helpers import REPO
 
 
 def _runs(store: Path, runs: dict[str, str], tags: dict[str, dict[str, str]] | None = None):

@@ -124,7 +124,8 @@ def test_slurm_only_real_sacct_judges_gpu_jobs_from_tres_usage(run_cli, tmp_path
     doc = scan_doc(run_cli, db)
     flagged: dict[str, set[str]] = {}
     for finding in doc["findings"]:
-        if finding["rule"] == "QUE001":  # per team: queue wait (tests/rules/test_realdata_issue17.py)
+        # per team: queue wait (tests/rules/test_realdata_issue17.py)
+        if finding["rule"] == "QUE001":
             continue
         flagged.setdefault(finding["subject"]["job_id"], set()).add(finding["rule"])
     got = {job: flagged.get(job, set()) for job in SACCT_VERDICTS}
