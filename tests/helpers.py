@@ -38,6 +38,22 @@ def property_examples(replay: int, explore: int) -> int:
     return explore if os.environ.get("AUDIT_HYPOTHESIS") == "explore" else replay
 
 
+# address space of a command run on hostile input: a runaway allocation fails, never swaps
+MEMORY_LIMIT = 3 << 30
+
+
+def bound_address_space() -> None:
+    """``preexec_fn`` of a command run on hostile input: at most ``MEMORY_LIMIT``."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def now_ms() -> int:
+    """Now in milliseconds since the epoch, MLflow's unit for times."""
+    return int(time.time() * 1000)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -180,6 +196,25 @@ def copy_store_run(con, run: str, new: str, tables: tuple[str, ...]) -> None:
             f"SELECT {picked} FROM {table} WHERE run_uuid = ?",
             [new, run],
         )
+
+
+def rows(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    """The rows ``sql`` gives on the warehouse file ``db``, opened read-only for the query."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
+
+
+def table_counts(db: Path, writable: bool = False) -> dict[str, int]:
+    """Rows per table of the warehouse ``db`` (``Warehouse.table_counts``: every table, so
+    a before/after comparison misses none). ``writable`` opens it as the next import
+    does, replaying the log a killed or interrupted command left."""
+    from audit.warehouse import open_warehouse
+
+    with open_warehouse(db, read_only=not writable, create=False) as warehouse:
+        return warehouse.table_counts()
 
 
 def warehouse_rows(db: Path) -> dict[str, list[tuple]]:

@@ -15,30 +15,26 @@ from mlflow.entities import Metric, Param
 
 import audit
 from audit.text import counted
-from tests.helpers import audit_process, mlflow_server
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+from tests.helpers import audit_process, mlflow_server, now_ms
 
 
 @pytest.fixture
-def server(tmp_path):
+def own_mlflow_server(tmp_path):
     """A tracking server of its own: this test adds runs the shared one must not see."""
     with mlflow_server(tmp_path / "server") as (url, backend):
         yield {"url": url, "backend": backend}
 
 
-def test_gate_on_a_running_run(server, run_cli, tmp_path):
-    client = MlflowClient(tracking_uri=server["url"])
+def test_gate_on_a_running_run(own_mlflow_server, run_cli, tmp_path):
+    client = MlflowClient(tracking_uri=own_mlflow_server["url"])
     exp = client.create_experiment("gate-test")
     base = client.create_run(exp, run_name="base-eval", tags={"audit.baseline": "true"})
     client.log_batch(
         base.info.run_id,
         params=[Param("base_model", "tiny-1b")],
         metrics=[
-            Metric("eval/general/mmlu", 0.70, _now_ms(), 0),
-            Metric("eval/general/gsm8k", 0.50, _now_ms(), 0),
+            Metric("eval/general/mmlu", 0.70, now_ms(), 0),
+            Metric("eval/general/gsm8k", 0.50, now_ms(), 0),
         ],
     )
     client.set_terminated(base.info.run_id)
@@ -46,7 +42,15 @@ def test_gate_on_a_running_run(server, run_cli, tmp_path):
     run_id = run.info.run_id
     client.log_batch(run_id, params=[Param("base_model", "tiny-1b")])
     db = tmp_path / "w.duckdb"
-    args = ["--db", str(db), "gate", run_id, "--refresh", "--tracking-uri", server["url"]]
+    args = [
+        "--db",
+        str(db),
+        "gate",
+        run_id,
+        "--refresh",
+        "--tracking-uri",
+        own_mlflow_server["url"],
+    ]
 
     code, out, err = run_cli(
         *args
@@ -59,7 +63,7 @@ def test_gate_on_a_running_run(server, run_cli, tmp_path):
             "ingest",
             "mlflow",
             "--tracking-uri",
-            server["url"],
+            own_mlflow_server["url"],
             "--experiment",
             "gate-test",
         )[0]
@@ -74,12 +78,12 @@ def test_gate_on_a_running_run(server, run_cli, tmp_path):
     client.log_batch(
         run_id,
         metrics=[
-            Metric("eval/general/mmlu", 0.69, _now_ms(), 100),
-            Metric("eval/general/gsm8k", 0.495, _now_ms(), 100),
+            Metric("eval/general/mmlu", 0.69, now_ms(), 100),
+            Metric("eval/general/gsm8k", 0.495, now_ms(), 100),
         ],
     )
     started = time.perf_counter()
-    result = audit.gate(run_id, db=db, refresh=True, tracking_uri=server["url"])
+    result = audit.gate(run_id, db=db, refresh=True, tracking_uri=own_mlflow_server["url"])
     elapsed = time.perf_counter() - started
     assert result.passed and result.exit_code == 0
     print(f"gate --refresh in-process: {elapsed * 1000:.0f} ms")
@@ -89,7 +93,7 @@ def test_gate_on_a_running_run(server, run_cli, tmp_path):
         "pass: worst eval/general/mmlu -0.0100 (higher is better: gain -0.0100) against baseline"
     )
 
-    client.log_batch(run_id, metrics=[Metric("eval/general/mmlu", 0.66, _now_ms(), 200)])
+    client.log_batch(run_id, metrics=[Metric("eval/general/mmlu", 0.66, now_ms(), 200)])
     code, out, _ = run_cli(*args, "--tag")
     assert code == 1
     assert re.search(

@@ -27,22 +27,22 @@ VERL = SHARED / "wandb" / "verl-agentic-rl"
 
 
 @pytest.fixture
-def demo(demo_db, tmp_path):
+def demo_args(demo_db, tmp_path):
     db = tmp_path / "demo.duckdb"
     shutil.copyfile(demo_db["db"], db)
     return ["--db", str(db), "--config", str(demo_db["config"])]
 
 
 # -- run ids -----------------------------------------------------------------------------------
-def test_every_command_taking_a_run_id_takes_a_unique_prefix(demo, run_cli):
+def test_every_command_taking_a_run_id_takes_a_unique_prefix(demo_args, run_cli):
     for full, short in (
         (["gate", SFT_QWEN, "--baseline", BASE_QWEN], ["gate", "5a7b", "--baseline", "3cdc"]),
         (["runs", "similar", "--run", SFT_QWEN], ["runs", "similar", "--run", "5a7bde3d"]),
         (["runs", "compare", SFT_QWEN, BASE_QWEN], ["runs", "compare", "5a7b", "3cdca634"]),
     ):
-        code, expected, err = run_cli(*demo, *full)
+        code, expected, err = run_cli(*demo_args, *full)
         assert code == 0, err
-        code, out, err = run_cli(*demo, *short)
+        code, out, err = run_cli(*demo_args, *short)
         assert (code, out) == (0, expected), (short, err)
 
 
@@ -55,9 +55,9 @@ def test_every_command_taking_a_run_id_takes_a_unique_prefix(demo, run_cli):
         ["runs", "compare", "rsn0", SFT_QWEN],
     ],
 )
-def test_an_ambiguous_prefix_lists_the_candidates(args, demo, run_cli):
+def test_an_ambiguous_prefix_lists_the_candidates(args, demo_args, run_cli):
     """The sample week's three W&B runs are rsn00000 to rsn00002."""
-    code, _out, err = run_cli(*demo, *args)
+    code, _out, err = run_cli(*demo_args, *args)
     assert code == 2
     what = "baseline run" if "--baseline" in args else "run"
     assert err == (
@@ -75,14 +75,14 @@ def test_an_ambiguous_prefix_lists_the_candidates(args, demo, run_cli):
         (["runs", "compare", "5a7b", "f00d"], "no run 'f00d' in the warehouse"),
     ],
 )
-def test_an_unknown_run_id_is_an_input_error(args, message, demo, run_cli):
-    code, _out, err = run_cli(*demo, *args)
+def test_an_unknown_run_id_is_an_input_error(args, message, demo_args, run_cli):
+    code, _out, err = run_cli(*demo_args, *args)
     assert code == 2
     assert err.startswith(f"Error: {message}")
 
 
-def test_compare_refuses_a_run_given_twice(demo, run_cli):
-    code, _out, err = run_cli(*demo, "runs", "compare", "5a7b", SFT_QWEN)
+def test_compare_refuses_a_run_given_twice(demo_args, run_cli):
+    code, _out, err = run_cli(*demo_args, "runs", "compare", "5a7b", SFT_QWEN)
     assert code == 2
     assert err == f"Error: run {SFT_QWEN} is given twice: compare it with another run\n"
 
@@ -101,7 +101,7 @@ lora:
 """
 
 
-def test_a_nested_config_matches_the_flat_keys_runs_logged(demo, run_cli, tmp_path):
+def test_a_nested_config_matches_the_flat_keys_runs_logged(demo_args, run_cli, tmp_path):
     """The sample week logged learning_rate, method, dataset, base_model and lora_rank
     flat; the same settings nested (lora.r as TRL names the rank) find the same runs as
     the flat config does."""
@@ -113,10 +113,12 @@ def test_a_nested_config_matches_the_flat_keys_runs_logged(demo, run_cli, tmp_pa
         "lora_rank: 64\n"
     )
     code, expected, err = run_cli(
-        *demo, "runs", "similar", "--config", str(flat), "--format", "json"
+        *demo_args, "runs", "similar", "--config", str(flat), "--format", "json"
     )
     assert code == 0, err
-    code, out, err = run_cli(*demo, "runs", "similar", "--config", str(nested), "--format", "json")
+    code, out, err = run_cli(
+        *demo_args, "runs", "similar", "--config", str(nested), "--format", "json"
+    )
     assert code == 0, err
     got, want = json.loads(out), json.loads(expected)
     assert (
@@ -136,7 +138,9 @@ def test_a_nested_config_matches_the_flat_keys_runs_logged(demo, run_cli, tmp_pa
         "lora.r": ["lora_rank"],
     }
     assert got["missing"] == {}
-    code, out, err = run_cli(*demo, "runs", "similar", "--config", str(nested), "--fail-if-exists")
+    code, out, err = run_cli(
+        *demo_args, "runs", "similar", "--config", str(nested), "--fail-if-exists"
+    )
     assert code == 1
     assert out.startswith("exact matches: 3 (3 finished)")
     assert "model.base_model as base_model: llama3.1-8b (wanted qwen2.5-7b)" in out
@@ -145,10 +149,12 @@ def test_a_nested_config_matches_the_flat_keys_runs_logged(demo, run_cli, tmp_pa
     )
 
 
-def test_a_config_sharing_no_key_lists_no_neighbour_and_says_what_is_close(demo, run_cli, tmp_path):
+def test_a_config_sharing_no_key_lists_no_neighbour_and_says_what_is_close(
+    demo_args, run_cli, tmp_path
+):
     path = tmp_path / "train.yaml"
     path.write_text("optimizer:\n  lerning_rate: 1e-4\n  warmup: 10\n")
-    code, out, err = run_cli(*demo, "runs", "similar", "--config", str(path))
+    code, out, err = run_cli(*demo_args, "runs", "similar", "--config", str(path))
     assert code == 0, err
     assert out == (
         "exact matches: 0 (0 finished)\n\n"
@@ -162,10 +168,12 @@ def test_a_config_sharing_no_key_lists_no_neighbour_and_says_what_is_close(demo,
     )
 
 
-def test_a_key_no_run_logged_is_named_and_the_rest_still_compared(demo, run_cli, tmp_path):
+def test_a_key_no_run_logged_is_named_and_the_rest_still_compared(demo_args, run_cli, tmp_path):
     path = tmp_path / "train.yaml"
     path.write_text(NESTED + "  alpha: 128\n")  # lora.alpha: logged by no run of the week
-    code, out, err = run_cli(*demo, "runs", "similar", "--config", str(path), "--format", "json")
+    code, out, err = run_cli(
+        *demo_args, "runs", "similar", "--config", str(path), "--format", "json"
+    )
     assert code == 0, err
     result = json.loads(out)
     assert result["missing"] == {"lora.alpha": []}
@@ -181,11 +189,11 @@ def test_a_key_no_run_logged_is_named_and_the_rest_still_compared(demo, run_cli,
     ]
 
 
-def test_a_query_of_volatile_keys_only_is_refused(demo, run_cli, tmp_path):
+def test_a_query_of_volatile_keys_only_is_refused(demo_args, run_cli, tmp_path):
     """It answered 'exact matches: 0' for a config of nothing but where to write."""
     path = tmp_path / "train.yaml"
     path.write_text("training:\n  output_dir: /elsewhere\n  logging_dir: /logs\n")
-    code, _out, err = run_cli(*demo, "runs", "similar", "--config", str(path))
+    code, _out, err = run_cli(*demo_args, "runs", "similar", "--config", str(path))
     assert code == 2
     assert err.startswith("Error: nothing to compare: every key given is volatile")
 
@@ -245,8 +253,8 @@ NESTED_SQL = (
 )
 
 
-def test_sql_prints_lists_structs_and_maps_as_text(demo, run_cli):
-    code, out, err = run_cli(*demo, "sql", NESTED_SQL)
+def test_sql_prints_lists_structs_and_maps_as_text(demo_args, run_cli):
+    code, out, err = run_cli(*demo_args, "sql", NESTED_SQL)
     assert code == 0, err
     assert out.splitlines()[2].split("  ") == [
         "[1, 2]",
@@ -257,8 +265,8 @@ def test_sql_prints_lists_structs_and_maps_as_text(demo, run_cli):
     ]
 
 
-def test_sql_writes_nested_values_as_json_in_csv_and_json(demo, run_cli):
-    code, out, err = run_cli(*demo, "sql", NESTED_SQL, "--format", "csv")
+def test_sql_writes_nested_values_as_json_in_csv_and_json(demo_args, run_cli):
+    code, out, err = run_cli(*demo_args, "sql", NESTED_SQL, "--format", "csv")
     assert code == 0, err
     (row,) = csv.DictReader(io.StringIO(out))
     expected = {
@@ -269,7 +277,7 @@ def test_sql_writes_nested_values_as_json_in_csv_and_json(demo, run_cli):
         "nn": [[1, 2], [3]],
     }
     assert {k: json.loads(v) for k, v in row.items()} == expected
-    code, out, err = run_cli(*demo, "sql", NESTED_SQL, "--format", "json")
+    code, out, err = run_cli(*demo_args, "sql", NESTED_SQL, "--format", "json")
     assert code == 0, err
     assert json.loads(out) == [expected]
 

@@ -4,18 +4,13 @@ decides the exit code, and a tolerance that cannot judge is refused."""
 from __future__ import annotations
 
 import shutil
-import time
 
 import duckdb
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from tests.helpers import mlflow_server
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+from tests.helpers import mlflow_server, now_ms
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +25,14 @@ def store_and_server(tmp_path_factory):
     client.log_batch(
         base.info.run_id,
         params=[Param("base_model", "tiny-1b")],
-        metrics=[Metric("eval/general/mmlu", 0.70, _now_ms(), 0)],
+        metrics=[Metric("eval/general/mmlu", 0.70, now_ms(), 0)],
     )
     client.set_terminated(base.info.run_id)
     run = client.create_run(exp, run_name="sft")
     client.log_batch(
         run.info.run_id,
         params=[Param("base_model", "tiny-1b")],
-        metrics=[Metric("eval/general/mmlu", 0.70, _now_ms(), 10)],
+        metrics=[Metric("eval/general/mmlu", 0.70, now_ms(), 10)],
     )
     copy = tmp_path / "copy-of-mlruns"
     shutil.copytree(store, copy)

@@ -16,19 +16,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.helpers import SHARED
+from tests.helpers import SHARED, rows
 
 WANDB = SHARED / "wandb"
 needs_realdata = pytest.mark.skipif(not WANDB.is_dir(), reason=f"{WANDB} not present")
 EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
-
-
-def rows(db: Path, sql: str, params=None):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, params or []).fetchall()
-    finally:
-        con.close()
 
 
 def by_name(db: Path) -> dict:

@@ -12,11 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from audit.importers.registry import BUILTIN, importer_kinds, load_importer
-from tests.helpers import REPO
+from tests.helpers import REPO, rows
 
 EXAMPLE = REPO / "tests" / "importer_example"
 
@@ -67,14 +66,6 @@ def plugin_site(tmp_path, monkeypatch) -> Path:
     importlib.invalidate_caches()
     yield site
     sys.modules.pop("acme_audit_importer", None)
-
-
-def rows(db: Path, sql: str):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_a_pip_installed_importer_gets_its_command_and_the_loaders_care(

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from audit.errors import InputError
 from audit.importers.lm_eval import read_lm_eval
-from tests.helpers import SHARED, property_examples
+from tests.helpers import SHARED, property_examples, rows, table_counts
 
 EVALS = SHARED / "evals"
 LLAMA3 = EVALS / "lm-eval-llama3-8b-base-vs-instruct" / "meta-llama"
@@ -36,19 +36,6 @@ ALPACA = (
 needs_realdata = pytest.mark.skipif(
     not EVALS.is_dir(), reason=f"{EVALS} is absent (real files from other projects)"
 )
-TABLES = ("sources", "runs", "params", "tags", "metrics", "latest_metrics", "eval_results")
-
-
-def rows(db: Path, sql: str, params=None) -> list[tuple]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, params or []).fetchall()
-    finally:
-        con.close()
-
-
-def counts(db: Path) -> dict[str, int]:
-    return {t: rows(db, f"SELECT count(*) FROM {t}")[0][0] for t in TABLES}
 
 
 def value(db: Path, model: str, task: str, metric: str, filter_: str = "none") -> list[float]:
@@ -137,11 +124,11 @@ def test_with_skip_bad_the_other_files_import_and_the_bad_one_is_listed(tmp_path
 
 @needs_realdata
 def test_unchanged_files_import_again_as_no_change(realdata_db, run_cli):
-    before = counts(realdata_db)
+    before = table_counts(realdata_db)
     code, out, _ = run_cli("--db", str(realdata_db), "ingest", "evals", "--skip-bad", str(EVALS))
     assert code == 0
     assert "imported 0 new evaluation runs, 24 unchanged" in out
-    assert counts(realdata_db) == before
+    assert table_counts(realdata_db) == before
 
 
 @needs_realdata
@@ -618,11 +605,11 @@ def test_a_new_file_of_a_rerun_is_a_new_run_and_an_unchanged_one_is_not_read_aga
     write_results(folder / "results_1.json", results_document(acc=0.5))
     db = tmp_path / "w.duckdb"
     assert run_cli("--db", str(db), "ingest", "evals", str(folder))[0] == 0
-    before = counts(db)
+    before = table_counts(db)
     write_results(folder / "results_2.json", results_document(acc=0.6))
     code, out, _ = run_cli("--db", str(db), "ingest", "evals", str(folder))
     assert code == 0 and "imported 1 new evaluation run, 1 unchanged" in out
-    after = counts(db)
+    after = table_counts(db)
     assert after["runs"] == before["runs"] + 1
     assert after["eval_results"] == before["eval_results"] + 1
     assert sorted(v for (v,) in rows(db, "SELECT value FROM eval_results")) == [0.5, 0.6]

@@ -9,26 +9,7 @@ import duckdb
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from tests.helpers import log_reference_runs, warehouse_rows
-
-
-def _counts(db) -> dict[str, int]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return {
-            t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
-            for t in (
-                "runs",
-                "params",
-                "tags",
-                "metrics",
-                "latest_metrics",
-                "dataset_inputs",
-                "model_versions",
-            )
-        }
-    finally:
-        con.close()
+from tests.helpers import log_reference_runs, table_counts, warehouse_rows
 
 
 def test_http_and_sqlite_give_identical_warehouses(server, run_cli, tmp_path):
@@ -100,11 +81,11 @@ def test_incremental_import_rewrites_only_changed_runs(server, run_cli, tmp_path
     uri = f"sqlite:///{backend}"
     db = tmp_path / "w.duckdb"
     assert run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", uri)[0] == 0
-    before = _counts(db)
+    before = table_counts(db)
     code, out, _ = run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", uri)
     assert code == 0
     assert out.startswith("imported 0 new or changed runs (6 unchanged)")
-    assert _counts(db) == before
+    assert table_counts(db) == before
 
     client = MlflowClient(tracking_uri=uri)
     ids = {
@@ -123,7 +104,7 @@ def test_incremental_import_rewrites_only_changed_runs(server, run_cli, tmp_path
     code, out, _ = run_cli("--db", str(db), "ingest", "mlflow", "--tracking-uri", uri)
     assert code == 0
     assert out.startswith("imported 3 new or changed runs (4 unchanged)")
-    after = _counts(db)
+    after = table_counts(db)
     assert after["runs"] == before["runs"] + 1
     assert after["tags"] == before["tags"] + 1 + 1  # the new tag, the new run's runName tag
     assert after["metrics"] == before["metrics"] + 2
@@ -307,4 +288,4 @@ def test_a_store_read_in_many_small_frames_gives_the_same_warehouse(
     assert run_cli("--db", str(in_parts), "ingest", "mlflow", "--tracking-uri", uri)[0] == 0
     assert frames.count(7) >= 40 and max(frames) == 7
     assert warehouse_rows(in_parts) == warehouse_rows(whole)
-    assert _counts(in_parts) == _counts(whole)
+    assert table_counts(in_parts) == table_counts(whole)

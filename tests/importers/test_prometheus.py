@@ -198,7 +198,7 @@ def _copy(tsdb: Path, to: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tsdb, tmp_path_factory):
+def prometheus_fleet(tsdb, tmp_path_factory):
     """The fleet's server, with its query log (every query's parameters) kept."""
     work = tmp_path_factory.mktemp("prometheus")
     log = work / "queries.log"
@@ -281,13 +281,13 @@ def expected_buckets(step: int, cluster: str) -> pl.DataFrame:
     )
 
 
-def test_rollups_hold_the_values_written(server, tmp_path):
+def test_rollups_hold_the_values_written(prometheus_fleet, tmp_path):
     """5-minute buckets of the labelled cluster: every field of every bucket as computed
     from the samples, the gap without buckets, the spike kept by the maximum, the counter's
     reset mended, job labels stored."""
     db = tmp_path / "w.duckdb"
     code, out, err = _ingest(
-        db, server["url"], "--since", SINCE, "--until", UNTIL, "--step", "5m",
+        db, prometheus_fleet["url"], "--since", SINCE, "--until", UNTIL, "--step", "5m",
         "--selector", 'cluster="labelled"',
     )  # fmt: skip
     assert code == 0, err
@@ -316,59 +316,59 @@ def test_rollups_hold_the_values_written(server, tmp_path):
         "04:05", "04:10", "04:15", "04:20", "04:25",
     ]  # fmt: skip
     # no query asked more than Prometheus allows
-    for params in _logged_queries(server["log"]):
+    for params in _logged_queries(prometheus_fleet["log"]):
         if "step" in params:
             assert (params["end"] - params["start"]) / params["step"] <= 11_000
 
 
-def test_an_import_goes_on_where_the_last_one_stopped(server, tmp_path):
+def test_an_import_goes_on_where_the_last_one_stopped(prometheus_fleet, tmp_path):
     db = tmp_path / "w.duckdb"
     common = ["--selector", 'cluster="plain"']
-    code, _, err = _ingest(db, server["url"], "--since", SINCE, "--until",
+    code, _, err = _ingest(db, prometheus_fleet["url"], "--since", SINCE, "--until",
                            "2026-11-16T03:00:00", "--step", "5m", *common)  # fmt: skip
     assert code == 0, err
     first = _readings(db)
-    logged = len(_logged_queries(server["log"]))
-    code, out, err = _ingest(db, server["url"], "--until", UNTIL, *common)
+    logged = len(_logged_queries(prometheus_fleet["log"]))
+    code, out, err = _ingest(db, prometheus_fleet["url"], "--until", UNTIL, *common)
     assert code == 0, err
-    later = [q for q in _logged_queries(server["log"])[logged:] if "step" in q]
+    later = [q for q in _logged_queries(prometheus_fleet["log"])[logged:] if "step" in q]
     # the second import asked only for the buckets after 03:00, at the stored width
     assert later and {q["step"] for q in later} == {300}
     assert min(q["start"] for q in later) == int(T0.timestamp()) + 3 * 3600 + 300
     both = _readings(db)
     assert both.filter(pl.col("t") <= int(T0.timestamp()) + 3 * 3600).equals(first)
     whole = tmp_path / "whole.duckdb"
-    code, _, err = _ingest(whole, server["url"], "--since", SINCE, "--until", UNTIL,
+    code, _, err = _ingest(whole, prometheus_fleet["url"], "--since", SINCE, "--until", UNTIL,
                            "--step", "5m", *common)  # fmt: skip
     assert code == 0, err
     assert both.equals(_readings(whole))
     # again: nothing more is asked or stored
-    code, out, _ = _ingest(db, server["url"], "--until", UNTIL, *common)
+    code, out, _ = _ingest(db, prometheus_fleet["url"], "--until", UNTIL, *common)
     assert code == 0 and "nothing to import" in out
     assert _readings(db).equals(both)
     # another width would mix: refused, naming both
-    code, _, err = _ingest(db, server["url"], "--until", UNTIL, "--step", "1m", *common)
+    code, _, err = _ingest(db, prometheus_fleet["url"], "--until", UNTIL, "--step", "1m", *common)
     assert code == 2
     assert "--step 1m: the warehouse holds 5m buckets from Prometheus" in err
     assert _readings(db).equals(both)
 
 
-def test_queries_split_in_time_and_hosts_give_the_same_rollups(server, tmp_path):
+def test_queries_split_in_time_and_hosts_give_the_same_rollups(prometheus_fleet, tmp_path):
     """A sample budget of 1,000 values a query: one host a query (4 GPUs × 5 fields × 73
     buckets would be 1,460), its window cut in two; the same rows as in one query."""
     config = _config(tmp_path, "[prometheus]\nmax_points_per_query = 1000\nconcurrency = 2\n")
     small, big = tmp_path / "small.duckdb", tmp_path / "big.duckdb"
-    logged = len(_logged_queries(server["log"]))
-    code, _out, err = _ingest(small, server["url"], "--since", SINCE, "--until", UNTIL,
+    logged = len(_logged_queries(prometheus_fleet["log"]))
+    code, _out, err = _ingest(small, prometheus_fleet["url"], "--since", SINCE, "--until", UNTIL,
                              "--step", "5m", "--selector", 'cluster="plain"', config=config)  # fmt: skip
     assert code == 0, err
-    asked = [q for q in _logged_queries(server["log"])[logged:] if "step" in q]
+    asked = [q for q in _logged_queries(prometheus_fleet["log"])[logged:] if "step" in q]
     assert len(asked) == 10  # 5 hosts × 2 windows of at most 50 buckets
     for params in asked:
         points = (params["end"] - params["start"]) // params["step"] + 1
         hosts = params["query"].split("Hostname=", 1)[1].split('"')[1].count("|") + 1
         assert points * hosts * 4 * 5 <= 1000  # 4 GPUs a host, 5 fields
-    code, _, err = _ingest(big, server["url"], "--since", SINCE, "--until", UNTIL,
+    code, _, err = _ingest(big, prometheus_fleet["url"], "--since", SINCE, "--until", UNTIL,
                            "--step", "5m", "--selector", 'cluster="plain"')  # fmt: skip
     assert code == 0, err
     assert _readings(small).equals(_readings(big))
@@ -398,14 +398,14 @@ def _findings(report: dict) -> list[dict]:
     return sorted(out, key=lambda f: f["id"])
 
 
-def test_job_labels_attach_buckets_to_their_job(server, tmp_path):
+def test_job_labels_attach_buckets_to_their_job(prometheus_fleet, tmp_path):
     """On the shared host, jobs 201 and 202 are told apart by hpc_job: 202's idle GPUs are
     found idle. Without the labels the same buckets cannot be told apart (ambiguous)."""
     results = {}
     for cluster in ("labelled", "plain"):
         db = tmp_path / f"{cluster}.duckdb"
         _slurm(db, tmp_path)
-        code, _, err = _ingest(db, server["url"], "--since", SINCE, "--until", UNTIL,
+        code, _, err = _ingest(db, prometheus_fleet["url"], "--since", SINCE, "--until", UNTIL,
                                "--step", "5m", "--selector", f'cluster="{cluster}"')  # fmt: skip
         assert code == 0, err
         results[cluster] = _scan(db)
@@ -427,7 +427,7 @@ def test_job_labels_attach_buckets_to_their_job(server, tmp_path):
     assert [f["subject"]["job_id"] for f in half_used] == ["301"]
 
 
-def test_raw_csv_and_one_minute_rollups_give_the_same_findings(server, tmp_path):
+def test_raw_csv_and_one_minute_rollups_give_the_same_findings(prometheus_fleet, tmp_path):
     """The same fleet as nvidia-smi CSV files and as 1-minute buckets from Prometheus."""
     raw, rolled = tmp_path / "raw.duckdb", tmp_path / "rolled.duckdb"
     for db in (raw, rolled):
@@ -435,7 +435,7 @@ def test_raw_csv_and_one_minute_rollups_give_the_same_findings(server, tmp_path)
     process = audit_process(raw, "ingest", "gpu", *map(str, write_csv(tmp_path / "csv")))
     _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
-    code, _, err = _ingest(rolled, server["url"], "--since", SINCE, "--until", UNTIL,
+    code, _, err = _ingest(rolled, prometheus_fleet["url"], "--since", SINCE, "--until", UNTIL,
                            "--step", "1m", "--selector", 'cluster="plain"')  # fmt: skip
     assert code == 0, err
     by_raw, by_rollups = _scan(raw), _scan(rolled)
@@ -517,8 +517,8 @@ def _nothing_stored(db: Path) -> None:
         con.close()
 
 
-def test_a_slow_answer_past_the_deadline_stores_nothing(server, tmp_path):
-    proxy, url = _proxy(server["url"], {"slow": 2.5})
+def test_a_slow_answer_past_the_deadline_stores_nothing(prometheus_fleet, tmp_path):
+    proxy, url = _proxy(prometheus_fleet["url"], {"slow": 2.5})
     try:
         db = tmp_path / "w.duckdb"
         started = time.monotonic()
@@ -533,13 +533,13 @@ def test_a_slow_answer_past_the_deadline_stores_nothing(server, tmp_path):
         proxy.shutdown()
 
 
-def test_a_redirect_to_another_host_is_not_followed_with_credentials(server, tmp_path):
+def test_a_redirect_to_another_host_is_not_followed_with_credentials(prometheus_fleet, tmp_path):
     elsewhere = {}
-    other, other_url = _proxy(server["url"], elsewhere)
+    other, other_url = _proxy(prometheus_fleet["url"], elsewhere)
     # the same server under another name: localhost is not 127.0.0.1
     target = other_url.replace("127.0.0.1", "localhost")
     mode = {"redirect": target}
-    proxy, url = _proxy(server["url"], mode)
+    proxy, url = _proxy(prometheus_fleet["url"], mode)
     try:
         db = tmp_path / "w.duckdb"
         token = "s3cret-token-value"
@@ -558,9 +558,9 @@ def test_a_redirect_to_another_host_is_not_followed_with_credentials(server, tmp
         other.shutdown()
 
 
-def test_credentials_are_sent_and_never_kept(server, tmp_path):
+def test_credentials_are_sent_and_never_kept(prometheus_fleet, tmp_path):
     mode: dict = {}
-    proxy, url = _proxy(server["url"], mode)
+    proxy, url = _proxy(prometheus_fleet["url"], mode)
     try:
         secret_file = tmp_path / "password"
         secret_file.write_text("pa55-w0rd-secret\n")
@@ -610,7 +610,7 @@ def test_the_server_stopping_mid_import_stores_nothing(tsdb, tmp_path):
         _nothing_stored(db)
 
 
-def test_bad_settings_are_named(server, tmp_path):
+def test_bad_settings_are_named(prometheus_fleet, tmp_path):
     for text, named in (
         ('[prometheus]\nmetrics = { utl = "x" }\n', "metrics.utl: unknown field"),
         ('[prometheus]\nmetrics = { util = "9bad" }\n', "metrics.util: expected a metric name"),
@@ -620,19 +620,19 @@ def test_bad_settings_are_named(server, tmp_path):
         ("[prometheus]\nexporter = 'nvsmi'\n", "exporter 'nvsmi' is not one of"),
         ("[prometheus]\nbatch = 3\n", "unknown key 'batch' in [prometheus]"),
     ):
-        code, _, err = _ingest(tmp_path / "w.duckdb", server["url"], "--step", "5m",
+        code, _, err = _ingest(tmp_path / "w.duckdb", prometheus_fleet["url"], "--step", "5m",
                                config=_config(tmp_path, text))  # fmt: skip
         assert code == 2 and named in err, (text, err)
 
 
-def test_a_selector_the_server_refuses_is_an_input_error(server, tmp_path):
-    code, _, err = _ingest(tmp_path / "w.duckdb", server["url"], "--since", SINCE, "--until",
+def test_a_selector_the_server_refuses_is_an_input_error(prometheus_fleet, tmp_path):
+    code, _, err = _ingest(tmp_path / "w.duckdb", prometheus_fleet["url"], "--since", SINCE, "--until",
                            UNTIL, "--selector", 'cluster=~"("')  # fmt: skip
     assert code == 2, err
     assert "series of DCGM_FI_DEV_GPU_UTIL" in err and "HTTP 400 bad_data" in err
 
 
-def test_a_custom_metric_map_reads_other_names(server, tmp_path):
+def test_a_custom_metric_map_reads_other_names(prometheus_fleet, tmp_path):
     """[prometheus] metrics and labels name an exporter's series: here dcgm's own, through
     the custom profile, as a site with renamed metrics would."""
     config = _config(
@@ -642,7 +642,7 @@ def test_a_custom_metric_map_reads_other_names(server, tmp_path):
         'labels = { host = "Hostname", gpu = "gpu", job = "hpc_job" }\n',
     )
     db = tmp_path / "w.duckdb"
-    code, _out, err = _ingest(db, server["url"], "--since", SINCE, "--until", UNTIL, "--step",
+    code, _out, err = _ingest(db, prometheus_fleet["url"], "--since", SINCE, "--until", UNTIL, "--step",
                              "5m", "--selector", 'cluster="plain"', config=config)  # fmt: skip
     assert code == 0, err
     stored = _readings(db)

@@ -76,7 +76,7 @@ def berlin(tmp_path):
     return config
 
 
-def warehouse(db) -> tuple[list[dict], list[tuple]]:
+def jobs_and_nodes(db) -> tuple[list[dict], list[tuple]]:
     con = duckdb.connect(str(db), read_only=True)
     try:
         cursor = con.execute(
@@ -106,7 +106,7 @@ def parsable_warehouse(tmp_path, run_cli, berlin):
     )
     assert code == 0, err
     assert out.startswith("imported 8 jobs from 1 file (13 lines read)")
-    return warehouse(db)
+    return jobs_and_nodes(db)
 
 
 @pytest.mark.parametrize("version", LAYOUTS)
@@ -121,7 +121,7 @@ def test_json_and_parsable_give_the_same_warehouse(
     )
     assert code == 0, err
     assert out.startswith("imported 8 jobs from 1 file")
-    jobs, nodes = warehouse(db)
+    jobs, nodes = jobs_and_nodes(db)
     expected_jobs, expected_nodes = parsable_warehouse
     assert nodes == expected_nodes
     # sacct -P names who cancelled a job ("CANCELLED by 1001"); the JSON has no uid.

@@ -10,24 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from tests.helpers import SHARED
+from tests.helpers import SHARED, rows
 
 REAL = SHARED / "swanlab" / "swanlab068-adsft"
 REAL_RUN = "kd4v3b6ndym9m725v4d7q"
 needs_realdata = pytest.mark.skipif(not REAL.is_dir(), reason=f"{REAL} not present")
 EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
 TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123"
-
-
-def rows(db: Path, sql: str, params=None):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, params or []).fetchall()
-    finally:
-        con.close()
 
 
 # -- the real run folder (SwanLab 0.6.8, LLaMA-Factory on an A100) -----------------------------

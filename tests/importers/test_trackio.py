@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
+
+from tests.helpers import rows
 
 EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
 TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123"
@@ -68,14 +69,6 @@ def write_runs(store: Path, which: str) -> None:
         capture_output=True,
         timeout=300,
     )
-
-
-def rows(db: Path, sql: str, params=None):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, params or []).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture(scope="module")

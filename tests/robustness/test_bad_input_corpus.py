@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from audit.cli import cli
-from tests.helpers import REPO
+from tests.helpers import REPO, table_counts
 
 SAMPLE = REPO / "sample_logs"
 ARTIFACTS = REPO / "test-artifacts"
@@ -247,7 +247,7 @@ def test_corpus_is_large_enough():
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory) -> Path:
+def jobs_and_samples_db(tmp_path_factory) -> Path:
     db = tmp_path_factory.mktemp("corpus") / "seeded.duckdb"
     runner = CliRunner()
     for args in (
@@ -259,19 +259,8 @@ def seeded(tmp_path_factory) -> Path:
     return db
 
 
-def counts(db: Path) -> dict[str, int]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return {
-            t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
-            for t in ("jobs", "job_nodes", "gpu_samples", "file_imports")
-        }
-    finally:
-        con.close()
-
-
 @pytest.mark.parametrize(("kind", "mutation"), CASES, ids=[f"{k}-{m}" for k, m in CASES])
-def test_bad_input(kind, mutation, seeded, tmp_path):
+def test_bad_input(kind, mutation, jobs_and_samples_db, tmp_path):
     text, file_name, command, delimiter = KINDS[kind]
     path = tmp_path / file_name
     line_expected = False
@@ -285,8 +274,8 @@ def test_bad_input(kind, mutation, seeded, tmp_path):
         mutate, line_expected = MUTATIONS[mutation]
         path.write_bytes(mutate(text, delimiter))
     db = tmp_path / "w.duckdb"
-    shutil.copyfile(seeded, db)
-    before = counts(db)
+    shutil.copyfile(jobs_and_samples_db, db)
+    before = table_counts(db)
     if command is None:  # the config file, read by a command that needs it
         args = ["--db", str(db), "--config", str(path), "scan", "--format", "json"]
     else:
@@ -304,7 +293,7 @@ def test_bad_input(kind, mutation, seeded, tmp_path):
                 w in stderr for w in ("empty", "binary", "UTF-8", "header", "encoding")
             )
             assert named_line or whole_file, f"no line number: {stderr!r}"
-        assert counts(db) == before, "a rejected input changed the warehouse"
+        assert table_counts(db) == before, "a rejected input changed the warehouse"
     else:
         OUTCOMES[f"{kind}: accepted"] += 1
 
@@ -491,8 +480,8 @@ def test_field_corpus_covers_every_class():
 
 
 @functools.cache
-def seeded_counts(seeded: Path) -> dict[str, int]:
-    return counts(seeded)
+def jobs_and_samples_counts(jobs_and_samples_db: Path) -> dict[str, int]:
+    return table_counts(jobs_and_samples_db)
 
 
 def poisoned(db: Path) -> list:
@@ -519,14 +508,14 @@ def poisoned(db: Path) -> list:
 @pytest.mark.parametrize(
     ("kind", "name"), list(FIELD_CASES), ids=[f"{k}-{n}"[:90] for k, n in FIELD_CASES]
 )
-def test_bad_field(kind, name, seeded, tmp_path):
+def test_bad_field(kind, name, jobs_and_samples_db, tmp_path):
     content, location = FIELD_CASES[(kind, name)]
     _, file_name, command, _ = KINDS[kind]
     path = tmp_path / file_name
     path.write_bytes(content)
     db = tmp_path / "w.duckdb"
-    shutil.copyfile(seeded, db)
-    before = seeded_counts(seeded)
+    shutil.copyfile(jobs_and_samples_db, db)
+    before = jobs_and_samples_counts(jobs_and_samples_db)
     result = CliRunner().invoke(cli, ["--db", str(db), *command, str(path)], catch_exceptions=False)
     stderr = result.stderr
     assert "Traceback" not in stderr + result.stdout
@@ -545,7 +534,7 @@ def test_bad_field(kind, name, seeded, tmp_path):
                 w in stderr
                 for w in ("expected sacct --json output", "expected a Prometheus query", "UTF-8")
             ), f"no place in the document: {stderr!r}"
-        assert counts(db) == before, "a rejected input changed the warehouse"
+        assert table_counts(db) == before, "a rejected input changed the warehouse"
     else:
         OUTCOMES[f"{kind}: accepted"] += 1
         assert poisoned(db) == [], "an accepted input stored values no later command may meet"

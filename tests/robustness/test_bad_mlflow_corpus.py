@@ -12,7 +12,6 @@ nothing written on a rejection. The tally goes to ``test-artifacts/bad-mlflow-in
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import socket
 import sqlite3
@@ -21,19 +20,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import duckdb
 import pytest
 from click.testing import CliRunner
 
 from audit.cli import cli
-from tests.helpers import REPO, log_reference_runs
+from tests.helpers import REPO, bound_address_space, log_reference_runs, table_counts
 
 SAMPLE_STORE = REPO / "sample_logs" / "mlruns"
 ARTIFACTS = REPO / "test-artifacts"
 OUTCOMES: Counter = Counter()
 TIME_LIMIT_S = 90
-MEMORY_LIMIT = 3 << 30  # address space of the importing process
-TABLES = ("sources", "runs", "params", "tags", "metrics", "jobs", "import_log")
 
 
 # -- the file store ------------------------------------------------------------------------
@@ -358,10 +354,6 @@ FILE_STORE = {
 DANGEROUS = ("link", "FIFO", "socket", " MB ", "bomb", "recursive", "nesting")
 
 
-def _limits() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-
 def audit(db: Path, *args: str, bounded: bool = True) -> tuple[int, str, str]:
     """The real command: in its own process bounded in time and memory, or (for inputs
     that cannot hang or blow up even a broken reader) in-process, which is faster."""
@@ -375,7 +367,7 @@ def audit(db: Path, *args: str, bounded: bool = True) -> tuple[int, str, str]:
             text=True,
             errors="replace",
             timeout=TIME_LIMIT_S,
-            preexec_fn=_limits,
+            preexec_fn=bound_address_space,
             cwd=REPO,
             env={**os.environ, "AUDIT_LOCK_TIMEOUT": "5"},
         )
@@ -384,16 +376,8 @@ def audit(db: Path, *args: str, bounded: bool = True) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
-def counts(db: Path) -> dict[str, int]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in TABLES}
-    finally:
-        con.close()
-
-
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory) -> Path:
+def jobs_db(tmp_path_factory) -> Path:
     """A warehouse that already holds data: a rejection must leave it exactly as it is."""
     db = tmp_path_factory.mktemp("mlflow-corpus") / "seeded.duckdb"
     code, _, err = audit(
@@ -414,21 +398,21 @@ def _verdict(kind: str, name: str, db: Path, before: dict, result, expected) -> 
         assert err.startswith("Error: ") and err.count("\n") == 1, err
         for part in (expected,) if isinstance(expected, str) else expected:
             assert part in err, err
-        assert counts(db) == before, "a rejected source changed the warehouse"
+        assert table_counts(db) == before, "a rejected source changed the warehouse"
     else:
         OUTCOMES[f"{kind}: accepted"] += 1
         assert not expected, f"{name} was accepted; expected a rejection with {expected!r}"
 
 
 @pytest.mark.parametrize("name", list(FILE_STORE))
-def test_hostile_file_store(name, seeded, tmp_path):
+def test_hostile_file_store(name, jobs_db, tmp_path):
     mutate, expected = FILE_STORE[name]
     store = tmp_path / "mlruns"
     shutil.copytree(SAMPLE_STORE, store)
     mutate(store)
     db = tmp_path / "w.duckdb"
-    shutil.copyfile(seeded, db)
-    before = counts(db)
+    shutil.copyfile(jobs_db, db)
+    before = table_counts(db)
     bounded = any(word in name for word in DANGEROUS)
     result = audit(db, "ingest", "mlflow", "--tracking-uri", str(store), bounded=bounded)
     _verdict("mlflow file store", name, db, before, result, expected)
@@ -550,7 +534,7 @@ def reference_sqlite(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", list(SQLITE))
-def test_hostile_sqlite_store(name, reference_sqlite, seeded, tmp_path):
+def test_hostile_sqlite_store(name, reference_sqlite, jobs_db, tmp_path):
     statements, expected = SQLITE[name]
     store = tmp_path / "mlflow.db"
     shutil.copyfile(reference_sqlite, store)
@@ -559,8 +543,8 @@ def test_hostile_sqlite_store(name, reference_sqlite, seeded, tmp_path):
     con.commit()
     con.close()
     db = tmp_path / "w.duckdb"
-    shutil.copyfile(seeded, db)
-    before = counts(db)
+    shutil.copyfile(jobs_db, db)
+    before = table_counts(db)
     # invalid UTF-8 once crashed polars (exit 139): in its own process
     bounded = "UTF-8" in name
     result = audit(db, "ingest", "mlflow", "--tracking-uri", f"sqlite:///{store}", bounded=bounded)
@@ -577,7 +561,7 @@ _FILLER_POINTS = """
 """
 
 
-def test_a_damaged_page_met_in_the_middle_of_a_result(reference_sqlite, seeded, tmp_path):
+def test_a_damaged_page_met_in_the_middle_of_a_result(reference_sqlite, jobs_db, tmp_path):
     """SQLite reports the damage when its read reaches the page: the driver's error then
     comes through pyarrow's stream reader, after rows were read (it was an internal error,
     exit 3: found by the XL benchmark reading a store its generator was still writing)."""
@@ -593,8 +577,8 @@ def test_a_damaged_page_met_in_the_middle_of_a_result(reference_sqlite, seeded, 
         fh.seek((pages - 6) * page)
         fh.write(b"\xff" * (4 * page))
     db = tmp_path / "w.duckdb"
-    shutil.copyfile(seeded, db)
-    before = counts(db)
+    shutil.copyfile(jobs_db, db)
+    before = table_counts(db)
     result = audit(db, "ingest", "mlflow", "--tracking-uri", f"sqlite:///{store}")
     _verdict(
         "mlflow sqlite store",
@@ -741,15 +725,15 @@ SERVER = {
 
 
 @pytest.mark.parametrize("name", list(SERVER))
-def test_malformed_server_answer(name, server, seeded, tmp_path):
+def test_malformed_server_answer(name, server, jobs_db, tmp_path):
     from tests.robustness.test_faulty_server import FaultProxy
 
     endpoint, rewrite, expected = SERVER[name]
     config = tmp_path / "audit.toml"
     config.write_text("[mlflow]\nhttp_max_retries = 0\nhttp_timeout_seconds = 10\n")
     db = tmp_path / "w.duckdb"
-    shutil.copyfile(seeded, db)
-    before = counts(db)
+    shutil.copyfile(jobs_db, db)
+    before = table_counts(db)
     fault = lambda n, path, body: ("rewrite", rewrite) if endpoint in path else None  # noqa: E731
     with FaultProxy(server["url"], fault) as proxy:
         result = audit(
@@ -822,13 +806,13 @@ def _sparse_new(path: Path, size: int) -> None:
 
 
 @pytest.mark.parametrize("name", list(TRAINING_CONFIGS))
-def test_hostile_training_config(name, seeded, tmp_path):
+def test_hostile_training_config(name, jobs_db, tmp_path):
     file_name, make, expected = TRAINING_CONFIGS[name]
     path = tmp_path / file_name
     make(path)
     db = tmp_path / "w.duckdb"
-    shutil.copyfile(seeded, db)
-    before = counts(db)
+    shutil.copyfile(jobs_db, db)
+    before = table_counts(db)
     result = audit(db, "runs", "similar", "--config", str(path))
     _verdict("runs similar --config", name, db, before, result, expected)
 

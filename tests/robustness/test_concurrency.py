@@ -18,7 +18,7 @@ import duckdb
 import pytest
 
 from bench.data import Size, prepare
-from tests.helpers import REPO, audit_process
+from tests.helpers import REPO, audit_process, table_counts
 
 SAMPLE = REPO / "sample_logs"
 WAITING = "audit: waiting for warehouse"
@@ -50,17 +50,6 @@ def _holding_the_lock(db: Path, first: subprocess.Popen) -> None:
     raise AssertionError("the first import never took the warehouse")
 
 
-def counts(db: Path) -> dict[str, int]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return {
-            t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
-            for t in ("runs", "params", "metrics", "jobs", "gpu_samples", "scans")
-        }
-    finally:
-        con.close()
-
-
 @pytest.mark.parametrize(
     "second",
     [
@@ -82,7 +71,7 @@ def test_second_process_waits_with_a_message_then_runs(data, tmp_path, second):
     assert other.returncode == 0, err2
     assert WAITING in err2  # it said why it was not answering
     assert "Traceback" not in err1 + err2
-    final = counts(db)
+    final = table_counts(db)
     assert final["runs"] == data.size.runs  # the first import is whole
     if second[0] == "ingest":
         assert final["jobs"] > 0  # and so is the second
@@ -101,7 +90,7 @@ def test_second_writer_gives_up_clearly_after_its_wait(data, tmp_path):
     assert other.returncode == 2
     assert "is in use by another audit process (waited 0 s)" in err2
     assert "AUDIT_LOCK_TIMEOUT" in err2
-    assert counts(db)["jobs"] == 0 and counts(db)["runs"] == data.size.runs
+    assert table_counts(db)["jobs"] == 0 and table_counts(db)["runs"] == data.size.runs
 
 
 def test_readers_in_one_process_work_during_a_write(data, tmp_path):

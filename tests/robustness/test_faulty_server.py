@@ -13,12 +13,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-import duckdb
 import pytest
 
-from tests.helpers import REPO, audit_process
-
-TABLES = ("sources", "experiments", "runs", "params", "tags", "metrics", "import_log")
+from tests.helpers import REPO, audit_process, table_counts
 
 
 class FaultProxy:
@@ -152,14 +149,6 @@ class FaultProxy:
         self.httpd.server_close()
 
 
-def counts(db) -> dict[str, int]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in TABLES}
-    finally:
-        con.close()
-
-
 def ingest(run_cli, db, config, uri: str):
     return run_cli(
         "--db", str(db), "--config", str(config), "ingest", "mlflow", "--tracking-uri", uri
@@ -167,7 +156,7 @@ def ingest(run_cli, db, config, uri: str):
 
 
 @pytest.fixture
-def seeded(tmp_path, run_cli):
+def sample_week_paged(tmp_path, run_cli):
     """A warehouse holding the sample week, and a config that pages 3 runs at a time, one
     request at a time (so the request a fault hits is the one whose failure is reported)."""
     db = tmp_path / "w.duckdb"
@@ -205,10 +194,10 @@ PERSISTENT = [
 
 @pytest.mark.parametrize(("name", "fault", "problem"), PERSISTENT, ids=[p[0] for p in PERSISTENT])
 def test_persistent_fault_mid_pagination_fails_clearly_and_writes_nothing(
-    server, seeded, run_cli, name, fault, problem
+    server, sample_week_paged, run_cli, name, fault, problem
 ):
-    db, config = seeded
-    before = counts(db)
+    db, config = sample_week_paged
+    before = table_counts(db)
     with FaultProxy(server["url"], fault) as proxy:
         code, out, err = ingest(run_cli, db, config, proxy.url)
     assert code == 2, (out, err)
@@ -216,7 +205,7 @@ def test_persistent_fault_mid_pagination_fails_clearly_and_writes_nothing(
     assert f"runs/search still failing after 3 attempts ({problem})" in err
     assert "nothing was written" in err
     assert proxy.faults_served == 3  # the first try and two retries, then it gave up
-    assert counts(db) == before
+    assert table_counts(db) == before
 
 
 TRANSIENT = [
@@ -230,9 +219,9 @@ TRANSIENT = [
 
 @pytest.mark.parametrize(("name", "fault"), TRANSIENT, ids=[t[0] for t in TRANSIENT])
 def test_transient_fault_is_retried_and_the_import_is_complete(
-    server, seeded, run_cli, tmp_path, name, fault
+    server, sample_week_paged, run_cli, tmp_path, name, fault
 ):
-    db, config = seeded
+    db, config = sample_week_paged
     direct = tmp_path / "direct.duckdb"
     code, _, err = ingest(run_cli, direct, config, server["url"])
     assert code == 0, err
@@ -244,20 +233,20 @@ def test_transient_fault_is_retried_and_the_import_is_complete(
             return fault
         return None
 
-    before = counts(db)
+    before = table_counts(db)
     with FaultProxy(server["url"], once_per_later_page) as proxy:
         code, _out, err = ingest(run_cli, db, config, proxy.url)
     assert code == 0, err
     assert proxy.faults_served == 1
-    after, reference = counts(db), counts(direct)
+    after, reference = table_counts(db), table_counts(direct)
     assert after["runs"] - before["runs"] == reference["runs"]
     assert after["metrics"] - before["metrics"] == reference["metrics"]
     assert after["import_log"] == before["import_log"] + 1
 
 
-def test_dead_page_token_is_a_clear_error_not_a_partial_import(server, seeded, run_cli):
-    db, config = seeded
-    before = counts(db)
+def test_dead_page_token_is_a_clear_error_not_a_partial_import(server, sample_week_paged, run_cli):
+    db, config = sample_week_paged
+    before = table_counts(db)
     with FaultProxy(
         server["url"], lambda n, p, b: ("dead_token",) if _is_runs_page(p, b) else None
     ) as proxy:
@@ -265,21 +254,21 @@ def test_dead_page_token_is_a_clear_error_not_a_partial_import(server, seeded, r
     assert code == 2, (out, err)
     assert "runs/search failed with HTTP 400 INVALID_PARAMETER_VALUE: Invalid page token" in err
     assert "Traceback" not in err
-    assert counts(db) == before
+    assert table_counts(db) == before
     # the first page was served: the failure really came mid-pagination
     assert sum("runs/search" in path for _, path in proxy.requests) == 2
 
 
-def test_server_gone_for_good_is_exit_2(seeded, run_cli):
-    db, config = seeded
-    before = counts(db)
+def test_server_gone_for_good_is_exit_2(sample_week_paged, run_cli):
+    db, config = sample_week_paged
+    before = table_counts(db)
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     code, _, err = ingest(run_cli, db, config, f"http://127.0.0.1:{port}")
     assert code == 2
     assert "still failing after 3 attempts (ConnectionError)" in err
-    assert counts(db) == before
+    assert table_counts(db) == before
 
 
 def _bounded_ingest(db, config, uri: str, limit_s: float = 60):
@@ -295,10 +284,10 @@ def _bounded_ingest(db, config, uri: str, limit_s: float = 60):
     return process.returncode, out, err, time.monotonic() - started
 
 
-def test_a_server_sending_one_byte_at_a_time_cannot_hold_the_import(server, seeded):
+def test_a_server_sending_one_byte_at_a_time_cannot_hold_the_import(server, sample_week_paged):
     """The socket timeout bounds each read; the deadline bounds the whole answer."""
-    db, config = seeded
-    before = counts(db)
+    db, config = sample_week_paged
+    before = table_counts(db)
     drip = lambda n, p, b: ("drip", 0.3) if "experiments/search" in p else None  # noqa: E731
     with FaultProxy(server["url"], drip) as proxy:
         code, _out, err, seconds = _bounded_ingest(db, config, proxy.url)
@@ -307,12 +296,12 @@ def test_a_server_sending_one_byte_at_a_time_cannot_hold_the_import(server, seed
         "experiments/search still failing after 3 attempts (no complete answer within 1 s)" in err
     )
     assert seconds < 30  # 3 attempts of 1 s (+1 s grace) and the backoff
-    assert counts(db) == before
+    assert table_counts(db) == before
 
 
-def test_a_page_token_that_comes_back_ends_the_paging(server, seeded):
-    db, config = seeded
-    before = counts(db)
+def test_a_page_token_that_comes_back_ends_the_paging(server, sample_week_paged):
+    db, config = sample_week_paged
+    before = table_counts(db)
 
     first_page: list[bytes] = []
 
@@ -331,17 +320,17 @@ def test_a_page_token_that_comes_back_ends_the_paging(server, seeded):
         code, _out, err, _seconds = _bounded_ingest(db, config, proxy.url)
     assert code == 2, err
     assert "runs/search returned a page token it had returned before" in err
-    assert counts(db) == before
+    assert table_counts(db) == before
 
 
 @pytest.mark.parametrize("sized", [True, False], ids=["Content-Length", "no Content-Length"])
 def test_an_answer_beyond_the_size_cap_is_refused_before_it_fills_memory(
-    server, seeded, tmp_path, sized
+    server, sample_week_paged, tmp_path, sized
 ):
-    db, config = seeded
+    db, config = sample_week_paged
     capped = tmp_path / "capped.toml"
     capped.write_text(config.read_text() + "max_response_mb = 1\n")
-    before = counts(db)
+    before = table_counts(db)
     huge = b'{"experiments": [], "padding": "' + b"x" * (40 << 20) + b'"}'
     fault = ("answer", 200, huge) if sized else ("unsized", huge)
     big = lambda n, p, b: fault if "experiments/search" in p else None  # noqa: E731
@@ -349,11 +338,11 @@ def test_an_answer_beyond_the_size_cap_is_refused_before_it_fills_memory(
         code, _out, err, _seconds = _bounded_ingest(db, capped, proxy.url)
     assert code == 2, err
     assert "experiments/search answered with more than 1 MB" in err
-    assert counts(db) == before
+    assert table_counts(db) == before
 
 
-def test_server_text_is_shown_with_escapes_visible(server, seeded, run_cli):
-    db, config = seeded
+def test_server_text_is_shown_with_escapes_visible(server, sample_week_paged, run_cli):
+    db, config = sample_week_paged
     message = b'{"error_code": "BAD\\u001b[2J", "message": "gone \\u001b]8;;http://evil\\u0007x\\u001b]8;;\\u0007 \\u009b31m"}'
     bad = lambda n, p, b: ("answer", 400, message) if "experiments/search" in p else None  # noqa: E731
     with FaultProxy(server["url"], bad) as proxy:

@@ -20,10 +20,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, bound_address_space
 
 TIME_LIMIT_S = 60
-MEMORY_LIMIT = 3 << 30
 WANDB_RUN = "offline-run-20261117_020000-rsn00000"
 BOMB = (
     "a: &a ["
@@ -38,10 +37,6 @@ RECURSIVE = "a: &a {x: *a}\n"
 STATE = '{"global_step": 1, "log_history": [{"step": 1, "loss": 2.0}]}'
 
 
-def _limits() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-
 def _audit(db: Path, *args: str) -> tuple[int, str]:
     try:
         done = subprocess.run(
@@ -50,7 +45,7 @@ def _audit(db: Path, *args: str) -> tuple[int, str]:
             text=True,
             errors="replace",
             timeout=TIME_LIMIT_S,
-            preexec_fn=_limits,
+            preexec_fn=bound_address_space,
             cwd=REPO,
         )
     except subprocess.TimeoutExpired:

@@ -9,33 +9,14 @@ import tarfile
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from tests.helpers import REPO, SHARED, audit_process
+from tests.helpers import REPO, SHARED, audit_process, table_counts
 
 ARCHIVE = SHARED / "mlflow" / "pycaret-tutorial-mlruns.tar.gz"
-TABLES = (
-    "sources",
-    "experiments",
-    "runs",
-    "params",
-    "tags",
-    "metrics",
-    "latest_metrics",
-    "import_log",
-)
 NOTHING_WRITTEN = "audit: interrupted; nothing was written"
 SAVED = "audit: interrupted; what was saved before the interrupt is complete"
 pytestmark = pytest.mark.skipif(not ARCHIVE.exists(), reason=f"{ARCHIVE} not present")
-
-
-def counts(db) -> dict[str, int]:
-    con = duckdb.connect(str(db))  # read-write: replays the WAL like the next import would
-    try:
-        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in TABLES}
-    finally:
-        con.close()
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +35,7 @@ def test_kill_9_mid_import_leaves_warehouse_unchanged(big_store, tmp_path):
         ).wait()
         == 0
     )
-    before = counts(db)
+    before = table_counts(db, writable=True)
 
     scratch = tmp_path / "scratch.duckdb"
     started = time.monotonic()
@@ -68,14 +49,14 @@ def test_kill_9_mid_import_leaves_warehouse_unchanged(big_store, tmp_path):
         time.sleep(rng.uniform(0.2, max(0.3, full_import_seconds * 0.9)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert counts(db) == before
+        assert table_counts(db, writable=True) == before
         survived += 1
     assert survived == 5
 
     finisher = audit_process(db, "ingest", "mlflow", "--tracking-uri", str(big_store))
     _out, err = finisher.communicate()
     assert finisher.returncode == 0, err
-    after = counts(db)
+    after = table_counts(db, writable=True)
     assert after["runs"] == before["runs"] + 416
     assert after["import_log"] == before["import_log"] + 1
 
@@ -105,7 +86,7 @@ def test_ctrl_c_anywhere_in_an_import_rolls_back(big_store, tmp_path):
         ).wait()
         == 0
     )
-    before = counts(db)
+    before = table_counts(db, writable=True)
     scratch = tmp_path / "scratch.duckdb"
     started = time.monotonic()
     assert audit_process(scratch, "ingest", "mlflow", "--tracking-uri", str(big_store)).wait() == 0
@@ -134,10 +115,10 @@ def test_ctrl_c_anywhere_in_an_import_rolls_back(big_store, tmp_path):
         _out, err = proc.communicate()
         if proc.returncode == 0 or err.strip() == SAVED:  # committed before the signal
             assert proc.returncode in (0, 130)
-            assert counts(db)["runs"] == before["runs"] + 416
+            assert table_counts(db, writable=True)["runs"] == before["runs"] + 416
             limit = delay * 0.8
             continue
         assert (proc.returncode, err.strip()) == (130, NOTHING_WRITTEN), f"SIGINT at {delay:.2f} s"
-        assert counts(db) == before
+        assert table_counts(db, writable=True) == before
         interrupted += 1
     assert interrupted == 8

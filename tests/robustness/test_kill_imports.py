@@ -15,9 +15,9 @@ import signal
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
+from audit.warehouse import open_warehouse
 from bench.data import Size, prepare
 from tests.helpers import REPO, audit_process
 
@@ -29,20 +29,12 @@ LOGS = ("import_log", "file_imports")
 
 
 def table_counts(db: Path) -> dict[str, int]:
-    con = duckdb.connect(str(db))  # read-write: replays the WAL as the next import would
-    try:
-        tables = [
-            r[0]
-            for r in con.execute(
-                "SELECT table_name FROM information_schema.tables "
-                "WHERE table_schema = 'main' AND table_type = 'BASE TABLE' ORDER BY 1"
-            ).fetchall()
-        ]
-        counts = {t: con.execute(f'SELECT count(*) FROM "{t}"').fetchall()[0][0] for t in tables}
-        con.execute("CHECKPOINT")  # the storage is readable end to end
-        return counts
-    finally:
-        con.close()
+    """Rows per table, read as the next import would (replaying the log the kill left);
+    then a checkpoint, so the storage is readable end to end."""
+    with open_warehouse(db) as warehouse:
+        counts = warehouse.table_counts()
+        warehouse.con.execute("CHECKPOINT")
+    return counts
 
 
 @pytest.fixture(scope="module")

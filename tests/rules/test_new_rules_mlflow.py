@@ -309,7 +309,7 @@ SACCT = """JobID|JobName|User|Account|Partition|State|Submit|Eligible|Start|End|
 
 
 @pytest.fixture(scope="module")
-def warehouse(tmp_path_factory):
+def logged_runs_db(tmp_path_factory):
     """The runs above in a real server, imported with `audit ingest mlflow`; a sacct file too."""
     from click.testing import CliRunner
 
@@ -342,8 +342,8 @@ def _names(findings) -> set[str]:
     return {f["subject"].get("run_name") for f in findings}
 
 
-def test_stb001_flags_trl_verl_and_openrlhf_names_and_spares_healthy_runs(run_cli, warehouse):
-    found = {f["subject"]["run_name"]: f for f in _findings(run_cli, warehouse, "STB001")}
+def test_stb001_flags_trl_verl_and_openrlhf_names_and_spares_healthy_runs(run_cli, logged_runs_db):
+    found = {f["subject"]["run_name"]: f for f in _findings(run_cli, logged_runs_db, "STB001")}
     assert set(found) == {"trl-kl-blowup", "verl-entropy-collapse", "openrlhf-reward-collapse"}
     kl = found["trl-kl-blowup"]
     assert kl["evidence"]["signals"][0]["metric"] == "kl"
@@ -359,48 +359,52 @@ def test_stb001_flags_trl_verl_and_openrlhf_names_and_spares_healthy_runs(run_cl
     assert len(kl["evidence"]["chart"]["points"]) <= 60
 
 
-def test_pil001_flags_the_unpiloted_launch_only(run_cli, warehouse):
-    found = _findings(run_cli, warehouse, "PIL001")
+def test_pil001_flags_the_unpiloted_launch_only(run_cli, logged_runs_db):
+    found = _findings(run_cli, logged_runs_db, "PIL001")
     assert _names(found) == {"pil-first-launch"}
     # failed after 10 h: later than a 1-h pilot runs, so the hours are at risk, not waste
     assert found[0]["waste"]["gpu_hours"] == 0
     assert found[0]["risk_gpu_hours"] == pytest.approx(32 * 10, abs=0.01)
 
 
-def test_red001_flags_the_drop_only_and_gate_fails_on_it(run_cli, warehouse):
-    found = _findings(run_cli, warehouse, "RED001")
+def test_red001_flags_the_drop_only_and_gate_fails_on_it(run_cli, logged_runs_db):
+    found = _findings(run_cli, logged_runs_db, "RED001")
     assert _names(found) == {"red-drop"}
     assert found[0]["severity"] == "critical"
     from audit import Registry
 
-    with Registry(warehouse) as reg:
+    with Registry(logged_runs_db) as reg:
         frame = reg.search("attributes.run_name LIKE 'red-%'")
     ids = dict(zip(frame["run_name"], frame["run_id"], strict=True))
     # general metrics held: a loose general tolerance passes them, the red line still fails
-    code, out, _ = run_cli("--db", str(warehouse), "gate", ids["red-drop"], "--tolerance", "0.5")
+    code, out, _ = run_cli(
+        "--db", str(logged_runs_db), "gate", ids["red-drop"], "--tolerance", "0.5"
+    )
     assert code == 1
     assert "RED LINE" in out and "(red line, tolerance 0)" in out.splitlines()[-1]
-    code, out, _ = run_cli("--db", str(warehouse), "gate", ids["red-held"], "--tolerance", "0.5")
+    code, out, _ = run_cli(
+        "--db", str(logged_runs_db), "gate", ids["red-held"], "--tolerance", "0.5"
+    )
     assert code == 0, out
 
 
-def test_evl_rules_flag_the_duplicate_and_the_narrow_run(run_cli, warehouse):
-    (duplicate,) = _findings(run_cli, warehouse, "EVL001")
+def test_evl_rules_flag_the_duplicate_and_the_narrow_run(run_cli, logged_runs_db):
+    (duplicate,) = _findings(run_cli, logged_runs_db, "EVL001")
     assert duplicate["subject"]["evaluated_model"] == "/ckpt/a/checkpoint-2000"
     assert [d["name"] for d in duplicate["evidence"]["duplicates"]] == ["eval-ckpt-again"]
     assert duplicate["waste"]["gpu_hours"] == pytest.approx(4.0, abs=0.01)
     narrow = [
         f
-        for f in _findings(run_cli, warehouse, "EVL002")
+        for f in _findings(run_cli, logged_runs_db, "EVL002")
         if f["subject"]["experiment"] == "evaluations"
     ]
     assert [r["name"] for r in narrow[0]["evidence"]["runs"]] == ["sft-narrow"]
 
 
-def test_src001_lists_runs_without_method_or_teacher(run_cli, warehouse):
+def test_src001_lists_runs_without_method_or_teacher(run_cli, logged_runs_db):
     (found,) = [
         f
-        for f in _findings(run_cli, warehouse, "SRC001")
+        for f in _findings(run_cli, logged_runs_db, "SRC001")
         if f["subject"]["experiment"] == "attribution"
     ]
     assert {(r["name"], r["missing"]) for r in found["evidence"]["runs"]} == {
@@ -410,15 +414,15 @@ def test_src001_lists_runs_without_method_or_teacher(run_cli, warehouse):
     assert found["evidence"]["gpu_hours_unattributed"] == pytest.approx(4 * 4 + 8 * 4, abs=0.01)
 
 
-def test_mtx001_points_the_dominated_run_at_the_cheaper_recipe(run_cli, warehouse):
-    found = _findings(run_cli, warehouse, "MTX001")
+def test_mtx001_points_the_dominated_run_at_the_cheaper_recipe(run_cli, logged_runs_db):
+    found = _findings(run_cli, logged_runs_db, "MTX001")
     matrix = [f for f in found if f["evidence"]["base_model"] == "m7"]
     assert _names(matrix) == {"mtx-sft-expensive"}
     assert matrix[0]["evidence"]["cheaper_run"]["name"] == "mtx-opd-cheap"
 
 
-def test_que001_measures_from_eligible_when_the_export_has_it(run_cli, warehouse):
-    (found,) = _findings(run_cli, warehouse, "QUE001")
+def test_que001_measures_from_eligible_when_the_export_has_it(run_cli, logged_runs_db):
+    (found,) = _findings(run_cli, logged_runs_db, "QUE001")
     assert found["subject"] == {"team": "agents"}
     # job 9001 waited 26 h, job 9002 only 1 h after it became eligible: 8 × 27 GPU-h
     assert found["evidence"]["gpu_hours_waited"] == pytest.approx(8 * 27, abs=0.01)

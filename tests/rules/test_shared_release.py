@@ -36,18 +36,18 @@ class _Recording(dict):
 
 
 @pytest.fixture(scope="module")
-def demo(demo_db):
+def demo_warehouse_and_config(demo_db):
     wh = open_warehouse(demo_db["db"], read_only=True)
     yield wh, load_config(demo_db["config"])
     wh.close()
 
 
 @pytest.mark.parametrize("code", sorted(all_rules()))
-def test_a_rule_declares_exactly_the_shared_computations_it_reads(demo, code):
+def test_a_rule_declares_exactly_the_shared_computations_it_reads(demo_warehouse_and_config, code):
     """Run alone on the sample week, with nothing computed yet, a rule reads its own and
     its helpers' shared computations: a name it reads but does not declare would be
     dropped before it runs; a name it declares but never reads would be held for nothing."""
-    wh, config = demo
+    wh, config = demo_warehouse_and_config
     rule = all_rules()[code]
     shared = _Recording()
     (result,) = run_rules(wh.con, config, [rule], ALL_HISTORY, shared)
@@ -55,8 +55,8 @@ def test_a_rule_declares_exactly_the_shared_computations_it_reads(demo, code):
     assert shared.names == rule.reads_shared
 
 
-def test_a_scan_that_keeps_only_the_facts_finds_the_same(demo):
-    wh, config = demo
+def test_a_scan_that_keeps_only_the_facts_finds_the_same(demo_warehouse_and_config):
+    wh, config = demo_warehouse_and_config
     rules = list(all_rules().values())
     holding = run_rules(wh.con, config, rules, ALL_HISTORY, {})
     shared: dict = {}

@@ -46,7 +46,7 @@ sample = st.tuples(
 
 
 @pytest.fixture
-def warehouse(tmp_path):
+def empty_warehouse(tmp_path):
     wh = open_warehouse(tmp_path / "w.duckdb")
     yield wh
     wh.con.close()
@@ -72,10 +72,10 @@ def _fast(con, where, params):
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(samples=st.lists(sample, max_size=40), since_minute=st.none() | st.integers(0, 3))
-def test_gpus_per_instant_equal_count_distinct(warehouse, samples, since_minute):
+def test_gpus_per_instant_equal_count_distinct(empty_warehouse, samples, since_minute):
     """Duplicates (two runs logging one GPU at one second), mixed label kinds in one
     instant and a window condition with a parameter all give count(DISTINCT gpu)."""
-    con = warehouse.con
+    con = empty_warehouse.con
     delete_samples(con, "true")
     add_samples(
         con,
@@ -88,8 +88,8 @@ def test_gpus_per_instant_equal_count_distinct(warehouse, samples, since_minute)
     assert _fast(con, where, params) == _plain(con, where, params)
 
 
-def test_model_is_one_the_instant_reported(warehouse):
-    con = warehouse.con
+def test_model_is_one_the_instant_reported(empty_warehouse):
+    con = empty_warehouse.con
     add_samples(
         con,
         "host, gpu, ts, model, origin",
@@ -103,12 +103,12 @@ def test_model_is_one_the_instant_reported(warehouse):
     assert rows == [(3, "A100")]
 
 
-def test_status_counts_host_gpu_pairs_not_their_joined_text(warehouse):
+def test_status_counts_host_gpu_pairs_not_their_joined_text(empty_warehouse):
     """Host 'a/b' with GPU 'c' and host 'a' with GPU 'b/c' are two GPUs, not one."""
     from audit.status import warehouse_status
 
     add_samples(
-        warehouse.con,
+        empty_warehouse.con,
         "host, gpu, ts, origin",
         [
             ("a/b", "c", T0, "nvidia-smi"),
@@ -116,5 +116,5 @@ def test_status_counts_host_gpu_pairs_not_their_joined_text(warehouse):
             ("a", "b/c", T0 + timedelta(minutes=1), "nvidia-smi"),
         ],
     )
-    cluster = warehouse_status(warehouse)["cluster"]
+    cluster = warehouse_status(empty_warehouse)["cluster"]
     assert (cluster["samples"], cluster["hosts"], cluster["gpus"]) == (3, 2, 2)

@@ -176,7 +176,7 @@ FILTER = st.recursive(
 
 
 @pytest.fixture(scope="module", params=["long tables", "wide table"])
-def warehouse(request, tmp_path_factory):
+def awkward_runs_db(request, tmp_path_factory):
     data = {"runs": []}
     for run_id, status, start, end, params, tags, points, datasets in RUNS:
         data["runs"].append(
@@ -221,9 +221,9 @@ def _answer(db, text: str, bulk: bool, monkeypatch) -> tuple:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(text=FILTER)
-def test_bulk_and_sql_evaluation_agree(warehouse, text, monkeypatch):
-    assert _answer(warehouse, text, True, monkeypatch) == _answer(
-        warehouse, text, False, monkeypatch
+def test_bulk_and_sql_evaluation_agree(awkward_runs_db, text, monkeypatch):
+    assert _answer(awkward_runs_db, text, True, monkeypatch) == _answer(
+        awkward_runs_db, text, False, monkeypatch
     )
 
 
@@ -247,5 +247,5 @@ def test_bulk_and_sql_evaluation_agree(warehouse, text, monkeypatch):
     ],
 )
 @pytest.mark.parametrize("bulk", [False, True], ids=["sql", "bulk"])
-def test_known_answers(warehouse, text, expected, bulk, monkeypatch):
-    assert _answer(warehouse, text, bulk, monkeypatch) == ("runs", expected)
+def test_known_answers(awkward_runs_db, text, expected, bulk, monkeypatch):
+    assert _answer(awkward_runs_db, text, bulk, monkeypatch) == ("runs", expected)
