@@ -79,6 +79,15 @@ def run_cli(tmp_path):
     return invoke
 
 
+@pytest.fixture(scope="session")
+def schema_warehouse(tmp_path_factory):
+    """An empty warehouse whose tables audit's own migrations made (tests write no DDL of
+    warehouse tables), shared by the session: a test writes its rows inside
+    ``tests.helpers.rolled_back`` so the next one finds it empty again."""
+    with open_warehouse(tmp_path_factory.mktemp("schema") / "w.duckdb") as warehouse:
+        yield warehouse
+
+
 @pytest.fixture
 def db(tmp_path) -> Path:
     return tmp_path / "audit.duckdb"

@@ -207,14 +207,20 @@ def rows(db: Path, sql: str, params: list | None = None) -> list[tuple]:
         con.close()
 
 
-def table_counts(db: Path, writable: bool = False) -> dict[str, int]:
+# Append-only logs of imports: an import that changes no data still adds a row to them.
+LOG_TABLES = ("import_log", "file_imports")
+
+
+def table_counts(db: Path, writable: bool = False, logs: bool = True) -> dict[str, int]:
     """Rows per table of the warehouse ``db`` (``Warehouse.table_counts``: every table, so
-    a before/after comparison misses none). ``writable`` opens it as the next import
-    does, replaying the log a killed or interrupted command left."""
+    a before/after comparison misses none), without ``LOG_TABLES`` unless ``logs``.
+    ``writable`` opens it as the next import does, replaying the log a killed or
+    interrupted command left."""
     from audit.warehouse import open_warehouse
 
     with open_warehouse(db, read_only=not writable, create=False) as warehouse:
-        return warehouse.table_counts()
+        counts = warehouse.table_counts()
+    return {t: n for t, n in counts.items() if logs or t not in LOG_TABLES}
 
 
 def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
@@ -257,6 +263,17 @@ def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
         return out
     finally:
         con.close()
+
+
+@contextmanager
+def rolled_back(con):
+    """A transaction rolled back when the block ends, whatever happens in it: rows written
+    into ``schema_warehouse`` for one test (or one hypothesis example) and gone after."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    finally:
+        con.execute("ROLLBACK")
 
 
 def audit_process(db: Path, *args: str, env: dict | None = None) -> subprocess.Popen:

@@ -124,11 +124,11 @@ def test_with_skip_bad_the_other_files_import_and_the_bad_one_is_listed(tmp_path
 
 @needs_realdata
 def test_unchanged_files_import_again_as_no_change(realdata_db, run_cli):
-    before = table_counts(realdata_db)
+    before = table_counts(realdata_db, logs=False)
     code, out, _ = run_cli("--db", str(realdata_db), "ingest", "evals", "--skip-bad", str(EVALS))
     assert code == 0
     assert "imported 0 new evaluation runs, 24 unchanged" in out
-    assert table_counts(realdata_db) == before
+    assert table_counts(realdata_db, logs=False) == before
 
 
 @needs_realdata

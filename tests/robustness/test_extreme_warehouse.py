@@ -29,7 +29,7 @@ from click.testing import CliRunner
 from audit.cli import cli
 from audit.docs import iter_commands
 from audit.warehouse.migrations import MIGRATIONS, V8
-from tests.helpers import REPO, add_samples, audit_process
+from tests.helpers import REPO, add_samples, audit_process, rolled_back
 
 SAMPLE = REPO / "sample_logs"
 BIG = "x" * 1_000_000
@@ -398,7 +398,8 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     con.execute(
         f"UPDATE jobs SET end_time = {OUT_OF_RANGE[0]} WHERE job_id = (SELECT min(job_id) FROM jobs)"
     )
-    # GPU samples in one table, as V8 had them (V10 made them a view over two tables)
+    # GPU samples in one table, as V8 had them (V10 made them a view over two tables): an
+    # old schema, hand-written on purpose
     con.execute("CREATE TABLE gpu_samples_v8 AS SELECT * FROM gpu_samples")
     con.execute("DROP VIEW gpu_samples")
     con.execute("DROP TABLE gpu_readings")
@@ -452,7 +453,7 @@ def test_times_an_older_version_stored_beyond_year_9999_are_cleared(demo_db, tmp
     assert out.startswith("imported 3 new or changed runs (17 unchanged)")
 
 
-def test_an_importer_cannot_write_a_time_beyond_year_9999(tmp_path):
+def test_an_importer_cannot_write_a_time_beyond_year_9999(schema_warehouse):
     """The net under every importer: insert_frame refuses such a frame."""
     from datetime import datetime
 
@@ -464,12 +465,19 @@ def test_an_importer_cannot_write_a_time_beyond_year_9999(tmp_path):
     frame = pl.DataFrame({"job_id": ["7"], "ms": [1_794_823_200_000_000]}).with_columns(
         end_time=pl.from_epoch("ms", time_unit="ms")
     )
-    con = duckdb.connect()
-    con.execute("CREATE TABLE jobs (job_id VARCHAR, end_time TIMESTAMP)")
-    with pytest.raises(InputError, match=r"jobs\.end_time: a time in year 58845 \(job_id='7'\)"):
-        insert_frame(con, "jobs", frame.select("job_id", "end_time"))
-    insert_frame(con, "jobs", pl.DataFrame({"job_id": ["8"], "end_time": [datetime(9999, 12, 31)]}))
-    assert con.execute("SELECT count(*) FROM jobs").fetchall() == [(1,)]
+    with rolled_back(schema_warehouse.con) as con:
+        with pytest.raises(
+            InputError, match=r"jobs\.end_time: a time in year 58845 \(cluster='c', job_id='7'\)"
+        ):
+            insert_frame(
+                con, "jobs", frame.select(cluster=pl.lit("c"), job_id="job_id", end_time="end_time")
+            )
+        insert_frame(
+            con,
+            "jobs",
+            pl.DataFrame({"cluster": ["c"], "job_id": ["8"], "end_time": [datetime(9999, 12, 31)]}),
+        )
+        assert con.execute("SELECT count(*) FROM jobs").fetchall() == [(1,)]
 
 
 # -- export and audit sql at the edges ---------------------------------------------------------

@@ -19,13 +19,12 @@ import pytest
 
 from audit.warehouse import open_warehouse
 from bench.data import Size, prepare
-from tests.helpers import REPO, audit_process
+from tests.helpers import LOG_TABLES, REPO, audit_process
 
 SAMPLE = REPO / "sample_logs"
 ARTIFACTS = REPO / "test-artifacts"
-# Append-only logs: an import that completed before its kill (a no-op re-import, once the
-# data is in) adds a row. Data tables must be exactly before or after.
-LOGS = ("import_log", "file_imports")
+# An import that completed before its kill (a no-op re-import, once the data is in) adds
+# a row to the logs (LOG_TABLES). Data tables must be exactly before or after.
 
 
 def table_counts(db: Path) -> dict[str, int]:
@@ -63,7 +62,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
     db = tmp_path / f"{kind}.duckdb"
     shutil.copyfile(inputs["seeded"], db)
     before = table_counts(db)
-    logged = {t: before.pop(t) for t in LOGS}
+    logged = {t: before.pop(t) for t in LOG_TABLES}
     reference = tmp_path / f"{kind}-reference.duckdb"
     shutil.copyfile(inputs["seeded"], reference)
     started = time.monotonic()
@@ -71,7 +70,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
     _out, err = proc.communicate()
     assert proc.returncode == 0, err
     duration = time.monotonic() - started
-    after = {t: n for t, n in table_counts(reference).items() if t not in LOGS}
+    after = {t: n for t, n in table_counts(reference).items() if t not in LOG_TABLES}
     assert after != before
 
     rng = random.Random(seed)
@@ -82,8 +81,8 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
         counts = table_counts(db)
-        logs = {t: counts.pop(t) for t in LOGS}
-        assert all(logs[t] >= logged[t] for t in LOGS), "a log lost rows"
+        logs = {t: counts.pop(t) for t in LOG_TABLES}
+        assert all(logs[t] >= logged[t] for t in LOG_TABLES), "a log lost rows"
         logged = logs
         state = counts
         assert state in (before, after), (
@@ -95,8 +94,8 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
     _out, err = proc.communicate()
     assert proc.returncode == 0, err
     final = table_counts(db)
-    assert {t: n for t, n in final.items() if t not in LOGS} == after
-    assert all(final[t] >= logged[t] for t in LOGS)
+    assert {t: n for t, n in final.items() if t not in LOG_TABLES} == after
+    assert all(final[t] >= logged[t] for t in LOG_TABLES)
     return survived
 
 

@@ -4,10 +4,11 @@ hash another run shares, against signatures built for every run, over random par
 
 from __future__ import annotations
 
-import duckdb
 from audit.rules.dup001_duplicate_config import SIGNATURES_SQL
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tests.helpers import rolled_back
 
 KEYS = ["a", "b", "a=b", "a\x1fb", "lr", "seed"]
 VALUES = [None, "", "c", "b=c", "c\x1fb=c", "1", "0.1"]
@@ -18,22 +19,17 @@ _RUNS = st.lists(
 )
 
 
-def _database(runs: list[dict[str, str | None]]):
-    con = duckdb.connect()
-    con.execute("CREATE TABLE runs (source_id VARCHAR, run_id VARCHAR, source_commit VARCHAR)")
-    con.execute(
-        "CREATE TABLE params (source_id VARCHAR, run_id VARCHAR, key VARCHAR, value_norm VARCHAR)"
-    )
-    con.execute(
-        "CREATE TABLE dataset_inputs (source_id VARCHAR, run_id VARCHAR, digest VARCHAR, "
-        "context VARCHAR)"
-    )
-    con.execute("CREATE TABLE tags (source_id VARCHAR, run_id VARCHAR, key VARCHAR, value VARCHAR)")
+def _write(con, runs: list[dict[str, str | None]]) -> None:
     for number, params in enumerate(runs):
-        con.execute("INSERT INTO runs VALUES ('s', ?, 'abc')", [f"r{number}"])
+        con.execute(
+            "INSERT INTO runs (source_id, run_id, source_commit) VALUES ('s', ?, 'abc')",
+            [f"r{number}"],
+        )
         for key, value in params.items():
-            con.execute("INSERT INTO params VALUES ('s', ?, ?, ?)", [f"r{number}", key, value])
-    return con
+            con.execute(
+                "INSERT INTO params (source_id, run_id, key, value_norm) VALUES ('s', ?, ?, ?)",
+                [f"r{number}", key, value],
+            )
 
 
 def _expected(runs: list[dict[str, str | None]], volatile: list[str]) -> list[tuple]:
@@ -52,14 +48,16 @@ def _expected(runs: list[dict[str, str | None]], volatile: list[str]) -> list[tu
 
 @settings(max_examples=300, deadline=None)
 @given(runs=_RUNS, volatile=st.lists(st.sampled_from(KEYS), max_size=2))
-def test_signatures_are_those_of_every_run_compared(runs, volatile):
-    con = _database(runs)
-    got = con.execute(SIGNATURES_SQL, {"volatile": volatile, "ignore_tag": "audit.ignore"})
-    assert sorted(got.fetchall()) == _expected(runs, volatile)
+def test_signatures_are_those_of_every_run_compared(schema_warehouse, runs, volatile):
+    with rolled_back(schema_warehouse.con) as con:
+        _write(con, runs)
+        got = con.execute(SIGNATURES_SQL, {"volatile": volatile, "ignore_tag": "audit.ignore"})
+        assert sorted(got.fetchall()) == _expected(runs, volatile)
 
 
-def test_pairs_joined_into_one_text_are_one_signature():
+def test_pairs_joined_into_one_text_are_one_signature(schema_warehouse):
     runs = [{"a=b": "c"}, {"a": "b=c"}]  # both "a=b=c"
-    con = _database(runs)
-    got = con.execute(SIGNATURES_SQL, {"volatile": [], "ignore_tag": "audit.ignore"})
-    assert sorted(got.fetchall()) == _expected(runs, []) != []
+    with rolled_back(schema_warehouse.con) as con:
+        _write(con, runs)
+        got = con.execute(SIGNATURES_SQL, {"volatile": [], "ignore_tag": "audit.ignore"})
+        assert sorted(got.fetchall()) == _expected(runs, []) != []

@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import polars as pl
 import pytest
 
 from audit.query.fields import lock_down
+from audit.warehouse import open_warehouse
 from audit.warehouse.frames import execute_on_frame, insert_frame, replace_by_key
 
 # In a fresh process, inside one transaction on a warehouse file: ten statements, each
@@ -24,6 +24,7 @@ _PROBE = """
 import sys
 import duckdb
 import polars as pl
+from audit.warehouse import open_warehouse
 from audit.warehouse.frames import execute_on_frame
 
 def rss():
@@ -31,9 +32,8 @@ def rss():
         return int(statm.read().split()[1]) * 4096 / 2**20
 
 way = sys.argv[1]
-con = duckdb.connect(sys.argv[2])
-con.execute("CREATE TABLE runs (run_id VARCHAR)")
-con.execute("INSERT INTO runs VALUES ('kept')")
+con = open_warehouse(sys.argv[2]).con
+con.execute("INSERT INTO runs (source_id, run_id) VALUES ('s', 'kept')")
 con.execute("BEGIN")
 before = rss()
 for batch in range(10):
@@ -74,11 +74,10 @@ def test_a_transaction_does_not_keep_the_frames_of_its_statements(tmp_path):
     assert _growth("execute_on_frame", tmp_path) < 500
 
 
-def test_execute_on_frame_works_on_a_locked_down_connection():
+def test_execute_on_frame_works_on_a_locked_down_connection(tmp_path):
     """``lock_down`` (searches) turns off Python replacement scans for the whole database
     instance, which an import in the same process shares."""
-    con = duckdb.connect()
-    con.execute("CREATE TABLE jobs (cluster VARCHAR, job_id VARCHAR, state VARCHAR)")
+    con = open_warehouse(tmp_path / "w.duckdb").con  # its own: lock_down is for good
     lock_down(con)
     insert_frame(con, "jobs", pl.DataFrame({"cluster": ["c", "c"], "job_id": ["1", "2"]}))
     replace_by_key(
@@ -87,7 +86,7 @@ def test_execute_on_frame_works_on_a_locked_down_connection():
         pl.DataFrame({"cluster": ["c"], "job_id": ["2"], "state": ["FAILED"]}),
         ["cluster", "job_id"],
     )
-    assert con.execute("SELECT * FROM jobs ORDER BY job_id").fetchall() == [
+    assert con.execute("SELECT cluster, job_id, state FROM jobs ORDER BY job_id").fetchall() == [
         ("c", "1", None),
         ("c", "2", "FAILED"),
     ]

@@ -3,12 +3,12 @@ run (beyond ``PIVOTED_NAMES``), against the values as written, over random rows.
 
 from __future__ import annotations
 
-import duckdb
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.warehouse import latest
+from tests.helpers import rolled_back
 
 RUNS = [("s1", "r1"), ("s1", "r2"), ("s2", "r1")]  # run ids repeat across sources
 NAMES = ["eval/general/mmlu", "eval/general/gsm8k", "eval/target/win", "loss", "eval/ü'x"]
@@ -31,24 +31,22 @@ def _shown(values: dict[tuple, dict[str, float]]) -> list:
 
 @settings(max_examples=150, deadline=None)
 @given(rows=_ROWS, pivoted=st.sampled_from([0, 1, 2, 32]), general_only=st.booleans())
-def test_latest_values_are_the_rows_values_whatever_the_reading(rows, pivoted, general_only):
-    con = duckdb.connect()
-    con.execute(
-        "CREATE TABLE latest_metrics (source_id VARCHAR NOT NULL, run_id VARCHAR NOT NULL, "
-        "key VARCHAR NOT NULL, value DOUBLE, step BIGINT, ts TIMESTAMP)"
-    )
-    if rows:
-        con.executemany(
-            "INSERT INTO latest_metrics VALUES (?, ?, ?, ?, 0, NULL)",
-            [(source, run, name, value) for ((source, run), name), value in rows.items()],
-        )
+def test_latest_values_are_the_rows_values_whatever_the_reading(
+    schema_warehouse, rows, pivoted, general_only
+):
     condition, params = ("key GLOB ?", ["eval/general/*"]) if general_only else ("TRUE", [])
     expected: dict[tuple, dict[str, float]] = {}
     for (run, name), value in sorted(rows.items(), key=lambda item: item[0][1]):
         if value is not None and (not general_only or name.startswith("eval/general/")):
             expected.setdefault(("key", *run), {})[name] = value
 
-    with pytest.MonkeyPatch.context() as patch:
+    with rolled_back(schema_warehouse.con) as con, pytest.MonkeyPatch.context() as patch:
+        if rows:
+            con.executemany(
+                "INSERT INTO latest_metrics (source_id, run_id, key, value, step) "
+                "VALUES (?, ?, ?, ?, 0)",
+                [(source, run, name, value) for ((source, run), name), value in rows.items()],
+            )
         patch.setattr(latest, "PIVOTED_NAMES", pivoted)
         got = latest.latest_values(con, condition, params, lambda source, run: ("key", source, run))
 

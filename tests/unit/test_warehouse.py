@@ -78,7 +78,7 @@ def test_newer_warehouse_is_refused(tmp_path):
 def test_foreign_duckdb_file_is_refused(tmp_path):
     path = tmp_path / "other.duckdb"
     con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE t (x INT)")
+    con.execute("CREATE TABLE t (x INT)")  # another program's file: hand-written on purpose
     con.close()
     with pytest.raises(WarehouseError, match="not an audit warehouse"):
         open_warehouse(path)
@@ -99,6 +99,7 @@ def test_garbage_file_is_refused(tmp_path):
 def test_version_1_warehouse_is_upgraded_to_current(tmp_path):
     path = tmp_path / "v1.duckdb"
     con = duckdb.connect(str(path))
+    # a version-1 file as the first release wrote it: its meta table, then migration 1
     con.execute("CREATE TABLE audit_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.execute("INSERT INTO audit_meta VALUES ('schema_version', '1')")
     con.execute(migrations.MIGRATIONS[0])
