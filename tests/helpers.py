@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +29,50 @@ SHARED = Path(
         REPO.parent / "shared" / "realdata",
     )
 )
+
+
+# Every corpus tally made in this session (tests/robustness/conftest.py writes them at its end).
+TALLIES: list[CorpusTally] = []
+
+
+class CorpusTally:
+    """What each case of a corpus of bad inputs did, "rejected" or "accepted", counted per
+    kind for the reliability page (``test-artifacts/<file_name>``). Kept per case, so the
+    order tests run in does not matter and a case cannot count twice; written at the end of
+    the session only when every case has an outcome (a run of some cases, or one where a
+    case failed before its outcome, leaves the last whole tally in place)."""
+
+    def __init__(self, file_name: str, cases: list[tuple[str, str]], register: bool = True):
+        self.file_name = file_name
+        self.cases = set(cases)  # (kind, name)
+        if len(self.cases) != len(cases):
+            raise ValueError(f"{file_name}: a case is listed twice")
+        self.outcomes: dict[tuple[str, str], str] = {}
+        if register:
+            TALLIES.append(self)
+
+    def record(self, kind: str, name: str, outcome: str) -> None:
+        case = (kind, name)
+        if case not in self.cases:
+            raise KeyError(f"{case} is not a case of the {self.file_name} corpus")
+        if case in self.outcomes:
+            raise ValueError(f"{case} was counted already")
+        if outcome not in ("rejected", "accepted"):
+            raise ValueError(f"unknown outcome {outcome!r}")
+        self.outcomes[case] = outcome
+
+    def complete(self) -> bool:
+        return self.outcomes.keys() == self.cases
+
+    def text(self) -> str:
+        missing = sorted(self.cases - self.outcomes.keys())
+        if missing:
+            raise ValueError(
+                f"{len(missing)} of {len(self.cases)} cases have no outcome: {missing[0]}"
+            )
+        per_kind = Counter(f"{kind}: {outcome}" for (kind, _), outcome in self.outcomes.items())
+        lines = [f"{key}: {count}\n" for key, count in sorted(per_kind.items())]
+        return f"cases: {len(self.outcomes)}\n" + "".join(lines)
 
 
 def property_examples(replay: int, explore: int) -> int:

@@ -3,7 +3,8 @@
 Each case is run through the real CLI (in-process, ``catch_exceptions=False`` so a
 traceback fails the test): the exit code is 0 (the input was still usable) or 2; a
 rejection names the file, and the line when the problem is on a line; the warehouse is
-unchanged after a rejection. The tally is written to ``test-artifacts/bad-inputs.txt``.
+unchanged after a rejection. The tally goes to ``test-artifacts/bad-inputs.txt`` at the end
+of a session that ran every case.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ import pytest
 from click.testing import CliRunner
 
 from audit.cli import cli
-from tests.helpers import REPO, table_counts
+from tests.helpers import REPO, CorpusTally, table_counts
 
 SAMPLE = REPO / "sample_logs"
-ARTIFACTS = REPO / "test-artifacts"
-OUTCOMES: Counter = Counter()
 
 SACCT = "".join((SAMPLE / "slurm" / "week47.sacct").open().readlines()[:25])
 SMI = "".join((SAMPLE / "gpu" / "gpu-h01.csv").open().readlines()[:40])
@@ -285,7 +284,7 @@ def test_bad_input(kind, mutation, jobs_and_samples_db, tmp_path):
     assert "Traceback" not in stderr + result.stdout
     assert result.exit_code in (0, 1, 2) if command is None else result.exit_code in (0, 2), stderr
     if result.exit_code == 2:
-        OUTCOMES[f"{kind}: rejected"] += 1
+        TALLY.record(kind, mutation, "rejected")
         assert file_name in stderr, f"the message does not name the file: {stderr!r}"
         if line_expected and path.is_file() and path.stat().st_size:
             named_line = re.search(re.escape(file_name) + r":\d+", stderr) or "line " in stderr
@@ -295,7 +294,7 @@ def test_bad_input(kind, mutation, jobs_and_samples_db, tmp_path):
             assert named_line or whole_file, f"no line number: {stderr!r}"
         assert table_counts(db) == before, "a rejected input changed the warehouse"
     else:
-        OUTCOMES[f"{kind}: accepted"] += 1
+        TALLY.record(kind, mutation, "accepted")
 
 
 # -- every field of every cluster source, by class (issue 14) -------------------------------
@@ -521,7 +520,7 @@ def test_bad_field(kind, name, jobs_and_samples_db, tmp_path):
     assert "Traceback" not in stderr + result.stdout
     assert result.exit_code in (0, 2), stderr
     if result.exit_code == 2:
-        OUTCOMES[f"{kind}: rejected"] += 1
+        TALLY.record(kind, name, "rejected")
         assert file_name in stderr, f"the message does not name the file: {stderr!r}"
         if location == "line":
             assert re.search(re.escape(file_name) + r":\d+", stderr) or any(
@@ -536,17 +535,37 @@ def test_bad_field(kind, name, jobs_and_samples_db, tmp_path):
             ), f"no place in the document: {stderr!r}"
         assert table_counts(db) == before, "a rejected input changed the warehouse"
     else:
-        OUTCOMES[f"{kind}: accepted"] += 1
+        TALLY.record(kind, name, "accepted")
         assert poisoned(db) == [], "an accepted input stored values no later command may meet"
 
 
-def test_write_tally():
-    """Runs after the corpus (file order): the figures for the closing note."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    lines = [f"{k}: {v}" for k, v in sorted(OUTCOMES.items())]
-    (ARTIFACTS / "bad-inputs.txt").write_text(
-        f"cases: {sum(OUTCOMES.values())}\n" + "\n".join(lines) + "\n"
-    )
+TALLY = CorpusTally("bad-inputs.txt", [*CASES, *FIELD_CASES])
+
+
+def test_the_tally_counts_every_case_once_under_its_kind():
+    """The tally written at the session's end, over this corpus's cases with outcomes
+    set here: one line per kind and outcome, every case counted once, none left out."""
+    cases = sorted(TALLY.cases)
+    tally = CorpusTally(TALLY.file_name, cases, register=False)
+    outcome = {case: "rejected" if i % 3 else "accepted" for i, case in enumerate(cases)}
+    first = next(iter(outcome))
+    for (kind, name), result in outcome.items():
+        if (kind, name) != first:
+            tally.record(kind, name, result)
+    with pytest.raises(ValueError, match=f"1 of {len(CASES) + len(FIELD_CASES)} cases have no"):
+        tally.text()
+    tally.record(*first, outcome[first])
+    with pytest.raises(ValueError, match="counted already"):
+        tally.record(*first, outcome[first])
+    with pytest.raises(KeyError):
+        tally.record("sacct", "not a case", "rejected")
+    per_kind = Counter()
+    for (kind, _), result in outcome.items():
+        per_kind[kind, result] += 1
+    assert tally.text().splitlines() == [
+        f"cases: {len(CASES) + len(FIELD_CASES)}",
+        *sorted(f"{kind}: {result}: {n}" for (kind, result), n in per_kind.items()),
+    ]
 
 
 # -- issue 40: tracking-server answers, store times and config numbers ------------------------

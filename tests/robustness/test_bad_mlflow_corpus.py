@@ -6,7 +6,8 @@ of a real ``mlflow server``, then imports it through the real command in its own
 with a time limit and an address-space limit (a hang or a runaway read fails the case
 instead of the machine). The verdict is the corpus's: exit 2 naming the file (and line)
 or the run and field, or exit 0 when the input is still usable; never a traceback;
-nothing written on a rejection. The tally goes to ``test-artifacts/bad-mlflow-inputs.txt``.
+nothing written on a rejection. The tally goes to ``test-artifacts/bad-mlflow-inputs.txt``
+at the end of a session that ran every case.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ import pytest
 from click.testing import CliRunner
 
 from audit.cli import cli
-from tests.helpers import REPO, bound_address_space, log_reference_runs, table_counts
+from tests.helpers import REPO, CorpusTally, bound_address_space, log_reference_runs, table_counts
 
 SAMPLE_STORE = REPO / "sample_logs" / "mlruns"
-ARTIFACTS = REPO / "test-artifacts"
-OUTCOMES: Counter = Counter()
 TIME_LIMIT_S = 90
 
 
@@ -394,13 +393,13 @@ def _verdict(kind: str, name: str, db: Path, before: dict, result, expected) -> 
     assert code in (0, 2), f"exit {code}: {err[-2000:]}"
     if code == 2:
         assert expected, f"{name} is usable and must import: {err}"
-        OUTCOMES[f"{kind}: rejected"] += 1
+        TALLY.record(kind, name, "rejected")
         assert err.startswith("Error: ") and err.count("\n") == 1, err
         for part in (expected,) if isinstance(expected, str) else expected:
             assert part in err, err
         assert table_counts(db) == before, "a rejected source changed the warehouse"
     else:
-        OUTCOMES[f"{kind}: accepted"] += 1
+        TALLY.record(kind, name, "accepted")
         assert not expected, f"{name} was accepted; expected a rejection with {expected!r}"
 
 
@@ -817,10 +816,37 @@ def test_hostile_training_config(name, jobs_db, tmp_path):
     _verdict("runs similar --config", name, db, before, result, expected)
 
 
-def test_write_tally():
-    """Runs after the corpus (file order): the figures for the closing note."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    lines = [f"{k}: {v}" for k, v in sorted(OUTCOMES.items())]
-    (ARTIFACTS / "bad-mlflow-inputs.txt").write_text(
-        f"cases: {sum(OUTCOMES.values())}\n" + "\n".join(lines) + "\n"
-    )
+# the corpus by kind, as _verdict records it
+CORPUS = {
+    "mlflow file store": list(FILE_STORE),
+    "mlflow sqlite store": [*SQLITE, "damaged page"],
+    "mlflow tracking server": list(SERVER),
+    "runs similar --config": list(TRAINING_CONFIGS),
+}
+TALLY = CorpusTally(
+    "bad-mlflow-inputs.txt", [(kind, name) for kind, names in CORPUS.items() for name in names]
+)
+
+
+def test_the_tally_counts_every_case_once_under_its_kind():
+    """The tally written at the session's end, over this corpus's cases with outcomes
+    set here: one line per kind and outcome, every case counted once, none left out."""
+    cases = sorted(TALLY.cases)
+    tally = CorpusTally(TALLY.file_name, cases, register=False)
+    outcome = {case: "accepted" if i % 4 == 0 else "rejected" for i, case in enumerate(cases)}
+    for (kind, name), result in list(outcome.items())[1:]:
+        tally.record(kind, name, result)
+    with pytest.raises(ValueError, match=r"1 of \d+ cases have no outcome"):
+        tally.text()
+    tally.record(*cases[0], outcome[cases[0]])
+    with pytest.raises(ValueError, match="counted already"):
+        tally.record(*cases[0], "rejected")
+    with pytest.raises(KeyError):
+        tally.record("mlflow file store", "not a case", "rejected")
+    per_kind = Counter()
+    for (kind, _), result in outcome.items():
+        per_kind[kind, result] += 1
+    assert tally.text().splitlines() == [
+        f"cases: {len(FILE_STORE) + len(SQLITE) + 1 + len(SERVER) + len(TRAINING_CONFIGS)}",
+        *sorted(f"{kind}: {result}: {n}" for (kind, result), n in per_kind.items()),
+    ]
