@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -319,6 +320,18 @@ def rolled_back(con):
         yield con
     finally:
         con.execute("ROLLBACK")
+
+
+def hf_checkpoint(folder: Path, best: str | None = None, size: int = 1000, files: int = 0) -> None:
+    """A Hugging Face Trainer checkpoint folder ``checkpoint-<step>``: weights of ``size``
+    bytes, a trainer state naming ``best`` as the best checkpoint, ``files`` extra shards."""
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * size)
+    step = int(folder.name.split("-")[1])
+    state = {"global_step": step, "best_model_checkpoint": best}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    for shard in range(files):
+        (folder / f"shard-{shard:05d}.bin").write_bytes(b"s")
 
 
 def audit_process(db: Path, *args: str, env: dict | None = None) -> subprocess.Popen:

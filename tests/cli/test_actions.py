@@ -15,7 +15,7 @@ from mlflow.entities import Metric, Param
 
 import audit
 from audit.text import counted
-from tests.helpers import audit_process, mlflow_server, now_ms
+from tests.helpers import audit_process, hf_checkpoint, mlflow_server, now_ms
 
 
 @pytest.fixture
@@ -161,13 +161,6 @@ def test_gate_fails_on_a_red_line_whatever_the_tolerance(run_cli, demo_db):
     assert code == 0
 
 
-def _checkpoint(folder, size=1000, best=None):
-    folder.mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(b"w" * size)
-    state = {"global_step": int(folder.name.split("-")[1]), "best_model_checkpoint": best}
-    (folder / "trainer_state.json").write_text(json.dumps(state))
-
-
 @pytest.fixture
 def prune_tree(tmp_path, run_cli):
     root = tmp_path / "scratch"
@@ -176,8 +169,8 @@ def prune_tree(tmp_path, run_cli):
     outside.mkdir()
     (outside / "precious.bin").write_bytes(b"p" * 500)
     for step in (100, 200, 300, 400, 500):
-        _checkpoint(
-            run_dir / f"checkpoint-{step}", 1000 + step, best=str(run_dir / "checkpoint-200")
+        hf_checkpoint(
+            run_dir / f"checkpoint-{step}", size=1000 + step, best=str(run_dir / "checkpoint-200")
         )
     (run_dir / "checkpoint-300" / "escape.bin").symlink_to(outside / "precious.bin")
     readonly = run_dir / "checkpoint-400" / "frozen.bin"
@@ -292,7 +285,7 @@ def test_ctrl_c_during_prune_apply_finishes_the_entry_and_records_it(tmp_path, r
     steps = range(100, 1300, 100)  # 12 checkpoints: 10 planned, best and last kept
     for step in steps:
         folder = run_dir / f"checkpoint-{step}"
-        _checkpoint(folder, best=str(run_dir / "checkpoint-200"))
+        hf_checkpoint(folder, best=str(run_dir / "checkpoint-200"))
         for shard in range(1500):  # many files: each entry takes a while to delete
             (folder / f"shard-{shard:05d}.bin").write_bytes(b"s")
     store = tmp_path / "mlruns"

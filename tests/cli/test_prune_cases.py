@@ -21,19 +21,9 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Param
 
-from tests.helpers import REPO, SHARED, audit_process
+from tests.helpers import REPO, SHARED, audit_process, hf_checkpoint
 
 SAMPLE = REPO / "sample_logs"
-
-
-def checkpoint(folder: Path, best: str | None = None, size: int = 1000, files: int = 0) -> None:
-    folder.mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(b"w" * size)
-    step = int(folder.name.split("-")[1])
-    state = {"global_step": step, "best_model_checkpoint": best}
-    (folder / "trainer_state.json").write_text(json.dumps(state))
-    for shard in range(files):
-        (folder / f"shard-{shard:05d}.bin").write_bytes(b"s")
 
 
 def log_runs(store: Path, runs: dict[str, str], registered: dict[str, str] | None = None) -> dict:
@@ -80,7 +70,7 @@ def tree(tmp_path, run_cli):
     """root/run-a/checkpoint-100..500 (best 200, last 500) of run a, a note, an outside file."""
     root, run_dir = tmp_path / "scratch", tmp_path / "scratch" / "run-a"
     for step in (100, 200, 300, 400, 500):
-        checkpoint(run_dir / f"checkpoint-{step}", best=str(run_dir / "checkpoint-200"))
+        hf_checkpoint(run_dir / f"checkpoint-{step}", best=str(run_dir / "checkpoint-200"))
     (root / "notes.txt").write_text("not a checkpoint\n")
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -182,7 +172,9 @@ def test_demo_dry_run_never_lists_a_best_or_last_orphan(demo_db, run_cli):
 def test_orphans_are_planned_only_on_request_and_never_best_or_last(tmp_path, run_cli):
     root, orphan_dir = tmp_path / "scratch", tmp_path / "scratch" / "old-sweep"
     for step in (100, 200, 300, 400):
-        checkpoint(orphan_dir / f"checkpoint-{step}", best=f"/cluster/old-sweep/checkpoint-{200}")
+        hf_checkpoint(
+            orphan_dir / f"checkpoint-{step}", best=f"/cluster/old-sweep/checkpoint-{200}"
+        )
     log_runs(tmp_path / "mlruns", {"other": "/cluster/other"})
     db, config = tmp_path / "w.duckdb", write_config(tmp_path / "audit.toml")
     base = ("--db", str(db), "--config", str(config))
@@ -230,7 +222,7 @@ def test_an_import_without_the_config_keeps_the_links(fresh_demo_db, tmp_path):
 def test_prefix_mapped_to_a_symlinked_folder_links_checkpoints(tmp_path, run_cli):
     real, link = tmp_path / "real", tmp_path / "mnt"
     for step in (100, 200, 300):
-        checkpoint(real / "team" / "run-a" / f"checkpoint-{step}")
+        hf_checkpoint(real / "team" / "run-a" / f"checkpoint-{step}")
     link.symlink_to(real, target_is_directory=True)
     log_runs(tmp_path / "mlruns", {"a": "/scratch/team/run-a"})
     db = tmp_path / "w.duckdb"
@@ -263,7 +255,7 @@ def test_registered_source_given_as_cluster_path_is_kept(tmp_path, run_cli):
     scratch = tmp_path / "scratch"
     run_dir = scratch / "coder" / "ckpt" / "sft-qwen-lr1e-4"
     for step in (500, 1000, 1500, 2000):
-        checkpoint(run_dir / f"checkpoint-{step}")
+        hf_checkpoint(run_dir / f"checkpoint-{step}")
     log_runs(
         tmp_path / "mlruns",
         {"sft": "/scratch/coder/ckpt/sft-qwen-lr1e-4"},
@@ -299,7 +291,7 @@ def test_best_recorded_through_a_symlinked_folder_is_best(tmp_path, run_cli):
     link.symlink_to(real, target_is_directory=True)
     run_dir = real / "run-a"
     for step in (100, 200, 300, 400):
-        checkpoint(run_dir / f"checkpoint-{step}", best=str(link / "run-a" / "checkpoint-200"))
+        hf_checkpoint(run_dir / f"checkpoint-{step}", best=str(link / "run-a" / "checkpoint-200"))
     log_runs(tmp_path / "mlruns", {"a": str(run_dir)})
     db, config = tmp_path / "w.duckdb", write_config(tmp_path / "audit.toml")
     base = ("--db", str(db), "--config", str(config))
@@ -322,7 +314,7 @@ def _kill_mid_entry(tmp_path, run_cli, files: int):
     """Apply a plan in a process of its own and kill -9 it while it deletes an entry."""
     root, run_dir = tmp_path / "scratch", tmp_path / "scratch" / "run-a"
     for step in (100, 200, 300, 400):
-        checkpoint(
+        hf_checkpoint(
             run_dir / f"checkpoint-{step}",
             best=str(run_dir / "checkpoint-200"),
             files=files if step in (100, 300) else 0,
@@ -398,9 +390,9 @@ def test_an_unreadable_subfolder_is_skipped_and_named():
     # a folder of its own under /tmp: pytest's are private to root, who reads anything
     work = Path(tempfile.mkdtemp(prefix="audit-unreadable-"))
     root = work / "scratch"
-    checkpoint(root / "readable" / "checkpoint-100")
+    hf_checkpoint(root / "readable" / "checkpoint-100")
     locked = root / "locked"
-    checkpoint(locked / "checkpoint-100")
+    hf_checkpoint(locked / "checkpoint-100")
     db = work / "w.duckdb"
     command = [sys.executable, "-m", "audit", "--db", str(db), "ingest", "checkpoints", str(root)]
     if os.geteuid() == 0:  # root reads anything: run as nobody, who owns the tree

@@ -23,8 +23,8 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Param, RunTag
 
-from tests.cli.test_prune_cases import checkpoint, plan_paths, write_config
-from tests.helpers import REPO
+from tests.cli.test_prune_cases import plan_paths, write_config
+from tests.helpers import REPO, hf_checkpoint
 
 
 def _runs(store: Path, runs: dict[str, str], tags: dict[str, dict[str, str]] | None = None):
@@ -60,7 +60,7 @@ def _setup(tmp_path, run_cli, runs, tags=None, extra_config=""):
 def _six(run_dir: Path) -> list[Path]:
     folders = [run_dir / f"checkpoint-{step}" for step in (100, 200, 300, 400, 500, 600)]
     for folder in folders:
-        checkpoint(folder)
+        hf_checkpoint(folder)
     return folders
 
 
@@ -292,10 +292,10 @@ def test_a_damaged_entry_is_recorded_as_failed_and_the_apply_goes_on(deep_tmp, r
 def test_only_the_newest_trainer_state_names_the_best_checkpoint(tmp_path, run_cli):
     run_dir = tmp_path / "scratch" / "r"
     # checkpoint-100 once named itself best; from step 300 on the trainer named 300
-    checkpoint(run_dir / "checkpoint-100", best=str(run_dir / "checkpoint-100"))
-    checkpoint(run_dir / "checkpoint-200", best=str(run_dir / "checkpoint-100"))
+    hf_checkpoint(run_dir / "checkpoint-100", best=str(run_dir / "checkpoint-100"))
+    hf_checkpoint(run_dir / "checkpoint-200", best=str(run_dir / "checkpoint-100"))
     for step in (300, 400, 500):
-        checkpoint(run_dir / f"checkpoint-{step}", best=str(run_dir / "checkpoint-300"))
+        hf_checkpoint(run_dir / f"checkpoint-{step}", best=str(run_dir / "checkpoint-300"))
     base, db, _ = _setup(tmp_path, run_cli, {"r": str(run_dir)})
     con = duckdb.connect(str(db), read_only=True)
     best = [p for (p,) in con.execute("SELECT path FROM checkpoints WHERE is_best").fetchall()]

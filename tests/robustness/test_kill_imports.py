@@ -27,7 +27,7 @@ ARTIFACTS = REPO / "test-artifacts"
 # a row to the logs (LOG_TABLES). Data tables must be exactly before or after.
 
 
-def table_counts(db: Path) -> dict[str, int]:
+def replayed_counts(db: Path) -> dict[str, int]:
     """Rows per table, read as the next import would (replaying the log the kill left);
     then a checkpoint, so the storage is readable end to end."""
     with open_warehouse(db) as warehouse:
@@ -61,7 +61,7 @@ def inputs(tmp_path_factory):
 def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int:
     db = tmp_path / f"{kind}.duckdb"
     shutil.copyfile(inputs["seeded"], db)
-    before = table_counts(db)
+    before = replayed_counts(db)
     logged = {t: before.pop(t) for t in LOG_TABLES}
     reference = tmp_path / f"{kind}-reference.duckdb"
     shutil.copyfile(inputs["seeded"], reference)
@@ -70,7 +70,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
     _out, err = proc.communicate()
     assert proc.returncode == 0, err
     duration = time.monotonic() - started
-    after = {t: n for t, n in table_counts(reference).items() if t not in LOG_TABLES}
+    after = {t: n for t, n in replayed_counts(reference).items() if t not in LOG_TABLES}
     assert after != before
 
     rng = random.Random(seed)
@@ -80,7 +80,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
         time.sleep(rng.uniform(0.05, duration))
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
-        counts = table_counts(db)
+        counts = replayed_counts(db)
         logs = {t: counts.pop(t) for t in LOG_TABLES}
         assert all(logs[t] >= logged[t] for t in LOG_TABLES), "a log lost rows"
         logged = logs
@@ -93,7 +93,7 @@ def kill_points(inputs, kind: str, kills: int, tmp_path: Path, seed: int) -> int
     proc = audit_process(db, *inputs[kind])
     _out, err = proc.communicate()
     assert proc.returncode == 0, err
-    final = table_counts(db)
+    final = replayed_counts(db)
     assert {t: n for t, n in final.items() if t not in LOG_TABLES} == after
     assert all(final[t] >= logged[t] for t in LOG_TABLES)
     return survived

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.cli import cli
-from tests.helpers import REPO, property_examples
+from tests.helpers import REPO, hf_checkpoint, property_examples
 
 
 def _chattr_works() -> bool:
@@ -59,13 +59,6 @@ run_shape = st.fixed_dictionaries(
     }
 )
 race = st.sampled_from(["none", "grow", "delete", "new_file", "swap_for_symlink", "touch"])
-
-
-def _checkpoint(folder: Path, step: int, best: Path | None, size: int) -> None:
-    folder.mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(b"w" * size)
-    state = {"global_step": step, "best_model_checkpoint": str(best) if best else None}
-    (folder / "trainer_state.json").write_text(json.dumps(state))
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -125,7 +118,9 @@ def test_prune_never_deletes_what_it_must_not(runs, races, broad_parent, orphans
                 else None
             )
             for step in steps:
-                _checkpoint(run_dir / f"checkpoint-{step}", step, best, 1000 + step + index)
+                hf_checkpoint(
+                    run_dir / f"checkpoint-{step}", str(best) if best else None, 1000 + step + index
+                )
             protected.add(run_dir / f"checkpoint-{steps[-1]}")  # the last
             if best is not None:
                 protected.add(best)
@@ -159,7 +154,7 @@ def test_prune_never_deletes_what_it_must_not(runs, races, broad_parent, orphans
                 protected.add(source)
         if orphans:
             for step in (100, 200, 300):
-                _checkpoint(root / "nobody" / f"checkpoint-{step}", step, None, 900 + step)
+                hf_checkpoint(root / "nobody" / f"checkpoint-{step}", None, 900 + step)
                 protected.add(root / "nobody" / f"checkpoint-{step}")
         if broad_parent:
             run = client.create_run(experiment, run_name="parent")
