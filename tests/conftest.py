@@ -42,7 +42,6 @@ from click.testing import CliRunner
 from hypothesis import settings
 
 from audit.cli import cli
-from audit.importers.mlflow import import_mlflow
 from audit.warehouse import open_warehouse
 from tests.helpers import REPO, log_reference_runs, mlflow_server
 
@@ -130,15 +129,9 @@ def pytest_addoption(parser):
 
 
 @pytest.fixture
-def regenerate_golden(request) -> bool:
-    return request.config.getoption("--regenerate-golden")
-
-
-@pytest.fixture
 def fresh_demo_db(demo_db, tmp_path):
     """A copy of the sample-week warehouse without any stored scan (scan ids start at 1) or
     stored report."""
-    import shutil
 
     import duckdb
 
@@ -149,41 +142,3 @@ def fresh_demo_db(demo_db, tmp_path):
         con.execute(f"DELETE FROM {table}")
     con.close()
     return {**demo_db, "db": db}
-
-
-@pytest.fixture
-def imported(server, tmp_path):
-    """A copy of the reference store and a warehouse that imported it."""
-    store = tmp_path / "store.db"
-    shutil.copy(server["backend"], store)
-    db = tmp_path / "w.duckdb"
-    with open_warehouse(db) as wh:
-        import_mlflow(wh, f"sqlite:///{store}")
-    return store, db
-
-
-@pytest.fixture(scope="session")
-def slurm():
-    """A real single-node Slurm (tests/slurm_cluster.py), one per test session. Its folder
-    is not under pytest's (mode 700): munged wants every folder above its socket
-    world-executable."""
-    import tempfile
-
-    from tests.slurm_cluster import DEBIAN_PACKAGES, missing_programs, slurm_cluster
-
-    missing = missing_programs()
-    if missing or os.geteuid() != 0:
-        why = (
-            f"not installed: {', '.join(missing)} (apt-get install {DEBIAN_PACKAGES})"
-            if missing
-            else "the test Slurm runs its daemons as root"
-        )
-        if os.environ.get("CI"):  # .ci/run installs them: a missing one is a failure there
-            pytest.fail(f"real Slurm: {why}")
-        pytest.skip(f"real Slurm: {why}")
-    root = Path(tempfile.mkdtemp(prefix="audit-slurm-"))
-    try:
-        with slurm_cluster(root) as cluster:
-            yield cluster
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
