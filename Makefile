@@ -44,10 +44,11 @@ test: $(VENV)/.installed-test
 # Failures found here are kept in .hypothesis/ and tried first on the next run.
 fuzz: $(VENV)/.installed-test
 	AUDIT_HYPOTHESIS=explore $(BIN)/python -m pytest -q -p no:cacheprovider \
-		tests/test_fuzz_parsers.py tests/test_fuzz_run_records.py tests/test_prune_property.py \
-		tests/test_prune_sequences.py \
-		tests/test_search_property.py tests/test_search_safety.py tests/test_mlflow_change_proof.py \
-		tests/test_gpu_samples_store.py
+		tests/robustness/test_fuzz_parsers.py tests/robustness/test_fuzz_run_records.py \
+		tests/robustness/test_prune_property.py tests/robustness/test_prune_sequences.py \
+		tests/unit/test_search_property.py tests/robustness/test_search_safety.py \
+		tests/importers/test_mlflow_change_proof.py \
+		tests/unit/test_gpu_samples_store.py
 
 # Precision and recall against the expert verdicts on ../shared/realdata (tests/accuracy/).
 accuracy: $(VENV)/.installed-test

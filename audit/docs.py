@@ -9,7 +9,7 @@
   (``docs/configuration.md``) and the rule families (``README.md``). The text around the
   blocks explains what the code cannot.
 
-``python -m audit.docs [ROOT]`` (``make docs``) rewrites them all; tests/test_docs.py fails
+``python -m audit.docs [ROOT]`` (``make docs``) rewrites them all; tests/cli/test_docs.py fails
 when a page and the code disagree.
 """
 

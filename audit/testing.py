@@ -1,4 +1,6 @@
 """Rule cases as data: build a small real warehouse from YAML, run one rule, check the result.
+The warehouse is written as an import writes it (``build_warehouse``): a case holds only
+values a real import would store.
 
 For rule authors, built-in and plug-in alike. A case file ``<CODE>.yml`` holds the rule's
 code and a list of cases; each case describes a few runs, jobs, telemetry samples or
@@ -69,14 +71,35 @@ import yaml
 
 from audit.config import Config
 from audit.errors import InputError
+from audit.importers.checkpoints import CHECKPOINT_SCHEMA
+from audit.importers.cluster import CheckpointSource, store_jobs
+from audit.importers.files import FileImportSummary, ParsedUnit
 from audit.importers.links import refresh_links
-from audit.importers.params import normalised_params
+from audit.importers.mlflow.base import MODEL_VERSION_SCHEMA
+from audit.importers.run_store import (
+    DATASET_SCHEMA,
+    EXPERIMENT_SCHEMA,
+    METRIC_SCHEMA,
+    PARAM_SCHEMA,
+    RUN_SCHEMA,
+    TAG_SCHEMA,
+    DetailBatch,
+    epoch_ms_to_datetime,
+    frame,
+    replace_experiments,
+    runs_frame,
+    upsert_source,
+    write_batch,
+)
+from audit.importers.slurm import JOB_SCHEMA
+from audit.importers.telemetry import time_problem, valid_value, value_problem
+from audit.redact import redact_frame
 from audit.rule_registry import get_rule, load_checked_config
 from audit.scans import RuleResult, run_rules
 from audit.warehouse import open_warehouse
 from audit.warehouse.frames import insert_frame
 from audit.warehouse.samples import append_samples
-from audit.windows import Window
+from audit.windows import Window, now_utc
 
 T0 = datetime(2026, 11, 16)
 SOURCE = "s"
@@ -125,85 +148,122 @@ def metric_points(spec) -> list[tuple[int, float, float]]:
     return points
 
 
+# where a case's rows say they came from, in the importers' messages
+CASE_LOCATION = "rule case"
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _epoch_ms(moment: datetime | None) -> int | None:
+    """A case time as the trackers hand it to the loader: epoch milliseconds."""
+    return None if moment is None else round((moment - _EPOCH).total_seconds() * 1000)
+
+
 def build_warehouse(path: Path, data: dict, config_text: str = "") -> tuple[Any, Config]:
-    """A real warehouse file at ``path`` holding ``data``; returns it open, with its config."""
+    """A real warehouse file at ``path`` holding ``data``; returns it open, with its config.
+
+    Written as an import writes, in one transaction through the importers' own write
+    functions: runs, params, tags, metrics and datasets through the tracker loader
+    (times checked, texts redacted, params normalised, latest values derived), jobs as
+    the Slurm import stores them, samples checked against the telemetry rule for valid
+    values, checkpoints as an inventory of their root, then the links. A case value a real
+    import would refuse is refused here, with the importer's message. (The search table
+    an MLflow import also builds is left out: searches read the long tables without it.)
+    """
     config_file = path.with_suffix(".toml")
     config_file.write_text(config_text, encoding="utf-8")
     config = load_checked_config(config_file)
     wh = open_warehouse(path)
-    con = wh.con
+    try:
+        with wh.transaction() as con:
+            _write_runs(con, data.get("runs", []))
+            _write_jobs(con, data.get("jobs", []))
+            _write_samples(con, data.get("telemetry", []))
+            _write_checkpoints(con, data.get("checkpoints", []))
+            refresh_links(con, config)
+    except BaseException:
+        wh.close()
+        raise
+    return wh, config
+
+
+def _write_runs(con, runs: list[dict]) -> None:
+    if not runs:
+        return
+    now = now_utc()
+    upsert_source(con, SOURCE, "mlflow", CASE_LOCATION, now)
     experiments: dict[str, str] = {}
-    for run in data.get("runs", []):
+    for run in runs:
         experiment = run.get("experiment")
         if experiment is not None and experiment not in experiments:
             experiments[experiment] = str(len(experiments) + 1)
-            con.execute(
-                "INSERT INTO experiments (source_id, experiment_id, name, lifecycle_stage) "
-                "VALUES (?, ?, ?, 'active')",
-                [SOURCE, experiments[experiment], experiment],
-            )
-        row = {
-            "source_id": SOURCE,
-            "run_id": run["run_id"],
-            "experiment_id": experiments.get(experiment, "1"),
-            "name": run.get("name", run["run_id"]),
-            "user_id": run.get("user", "ann"),
-            "status": run.get("status", "FINISHED"),
-            "start_time": at(run.get("start", 0)),
-            "end_time": at(run.get("end", 1)),
-            "lifecycle_stage": run.get("lifecycle", "active"),
-            "source_commit": run.get("commit", "abc"),
-            "artifact_uri": run.get("artifact_uri"),
-        }
-        insert_frame(con, "runs", pl.DataFrame([row]))
-        params = [
-            {"run_id": run["run_id"], "key": k, "value": str(v)}
-            for k, v in run.get("params", {}).items()
-        ]
-        if params:
-            insert_frame(
-                con,
-                "params",
-                normalised_params(pl.DataFrame(params)).with_columns(source_id=pl.lit(SOURCE)),
-            )
-        for key, value in run.get("tags", {}).items():
-            con.execute(
-                "INSERT INTO tags VALUES (?, ?, ?, ?)", [SOURCE, run["run_id"], key, str(value)]
-            )
+    replace_experiments(
+        con,
+        SOURCE,
+        frame(
+            [
+                {"experiment_id": number, "name": name, "lifecycle_stage": "active"}
+                for name, number in experiments.items()
+            ],
+            EXPERIMENT_SCHEMA,
+        ),
+        CASE_LOCATION,
+    )
+    run_rows, params, tags, metrics, datasets, models = [], [], [], [], [], []
+    for run in runs:
+        run_id = run["run_id"]
+        run_rows.append(
+            {
+                "run_id": run_id,
+                "experiment_id": experiments.get(run.get("experiment"), "1"),
+                "name": run.get("name", run_id),
+                "user_id": run.get("user", "ann"),
+                "status": run.get("status", "FINISHED"),
+                "start_time": _epoch_ms(at(run.get("start", 0))),
+                "end_time": _epoch_ms(at(run.get("end", 1))),
+                "lifecycle_stage": run.get("lifecycle", "active"),
+                "source_commit": run.get("commit", "abc"),
+                "artifact_uri": run.get("artifact_uri"),
+            }
+        )
+        params += [(run_id, key, str(value)) for key, value in run.get("params", {}).items()]
+        tags += [(run_id, key, str(value)) for key, value in run.get("tags", {}).items()]
         for key, spec in run.get("metrics", {}).items():
-            points = metric_points(spec)
-            rows = [
-                {
-                    "source_id": SOURCE,
-                    "run_id": run["run_id"],
-                    "key": key,
-                    "value": value,
-                    "step": step,
-                    "ts": at(hour),
-                }
-                for step, hour, value in points
+            metrics += [
+                (run_id, key, value, step, _epoch_ms(at(hour)))
+                for step, hour, value in metric_points(spec)
             ]
-            insert_frame(con, "metrics", pl.DataFrame(rows))
-            step, hour, value = max(points, key=lambda p: (p[0], p[1]))
-            con.execute(
-                "INSERT INTO latest_metrics VALUES (?, ?, ?, ?, ?, ?)",
-                [SOURCE, run["run_id"], key, value, step, at(hour)],
-            )
-        for ds in run.get("datasets", []):
-            con.execute(
-                "INSERT INTO dataset_inputs VALUES (?, ?, ?, ?, 'local', ?, 'train')",
-                [SOURCE, run["run_id"], ds["name"], ds["digest"], f"/data/{ds['name']}"],
-            )
+        datasets += [
+            (run_id, ds["name"], ds["digest"], "local", f"/data/{ds['name']}", "train")
+            for ds in run.get("datasets", [])
+        ]
         if run.get("registered"):
-            con.execute(
-                "INSERT INTO model_versions VALUES (?, 'm', '1', ?, ?, 'READY', NULL, NULL)",
-                [
-                    SOURCE,
-                    run["run_id"],
-                    run["registered"] if isinstance(run["registered"], str) else None,
-                ],
-            )
-    for job in data.get("jobs", []):
+            source = run["registered"] if isinstance(run["registered"], str) else None
+            models.append(("m", "1", run_id, source, "READY", None, None))
+    insert_frame(con, "runs", runs_frame(frame(run_rows, RUN_SCHEMA), SOURCE, now, CASE_LOCATION))
+    batch = DetailBatch(
+        run_count=len(runs),
+        params=frame(params, PARAM_SCHEMA),
+        tags=frame(tags, TAG_SCHEMA),
+        metrics=frame(metrics, METRIC_SCHEMA),
+        datasets=frame(datasets, DATASET_SCHEMA),
+    )
+    write_batch(con, batch, SOURCE, CASE_LOCATION)
+    # as the MLflow import writes a source's registered models
+    versions = redact_frame(frame(models, MODEL_VERSION_SCHEMA), ["name", "source"])
+    insert_frame(
+        con,
+        "model_versions",
+        epoch_ms_to_datetime(
+            versions, ["creation_time"], "model", "name", CASE_LOCATION
+        ).with_columns(source_id=pl.lit(SOURCE)),
+    )
+
+
+def _write_jobs(con, jobs: list[dict]) -> None:
+    if not jobs:
+        return
+    rows, nodes = [], []
+    for job in jobs:
         start, end = at(job.get("start", 0)), at(job.get("end", 1))
         row = {
             "cluster": "default",
@@ -230,12 +290,18 @@ def build_warehouse(path: Path, data: dict, config_text: str = "") -> tuple[Any,
         if "jobstats" in job:  # a jobstats summary as its epilog stores it: JS1:<base64 gzip JSON>
             packed = gzip.compress(json.dumps(job["jobstats"]).encode())
             row["admin_comment"] = "JS1:" + base64.b64encode(packed).decode()
-        insert_frame(con, "jobs", pl.DataFrame([row]))
-        con.execute(
-            "INSERT INTO job_nodes VALUES ('default', ?, ?)",
-            [str(job["job_id"]), job.get("host", "n1")],
-        )
-    for spec in data.get("telemetry", []):
+        rows.append(row)
+        nodes.append({"cluster": "default", "job_id": row["job_id"], "host": job.get("host", "n1")})
+    store_jobs(
+        con,
+        pl.DataFrame(rows, schema=JOB_SCHEMA),
+        pl.DataFrame(nodes, schema={"cluster": pl.String, "job_id": pl.String, "host": pl.String}),
+        FileImportSummary(kind="slurm"),
+    )
+
+
+def _write_samples(con, telemetry: list[dict]) -> None:
+    for spec in telemetry:
         rows = []
         t, end = at(spec["start"]), at(spec["end"])
         step = timedelta(minutes=spec.get("step_minutes", 5))
@@ -257,22 +323,43 @@ def build_warehouse(path: Path, data: dict, config_text: str = "") -> tuple[Any,
                     }
                 )
             t += step
-        append_samples(con, pl.DataFrame(rows))
-    for c in data.get("checkpoints", []):
-        con.execute(
-            "INSERT INTO checkpoints (root, path, kind, step, bytes, files, mtime, is_best, run_dir) "
-            "VALUES ('/ckpt', ?, 'hf', ?, ?, 3, ?, ?, ?)",
-            [
-                c["path"],
-                c.get("step"),
-                int(c["gb"] * 1e9),
-                at(c.get("hour", 0)),
-                c.get("best", False),
-                c["path"].rsplit("/", 1)[0],
-            ],
-        )
-    refresh_links(con, config)
-    return wh, config
+        samples = pl.DataFrame(rows)
+        # the one rule every telemetry reader keeps its samples to
+        for column in ("util_pct", "mem_used_mib", "mem_total_mib"):
+            bad = samples.filter(~valid_value(column))
+            if bad.height:
+                problem = value_problem(column, bad[column][0])
+                raise InputError(
+                    f"{CASE_LOCATION}: telemetry of {spec.get('host', 'n1')}: {problem}"
+                )
+        for moment in (at(spec["start"]), end):
+            if time_problem(moment):
+                raise InputError(f"{CASE_LOCATION}: telemetry: {time_problem(moment)}")
+        append_samples(con, samples)
+
+
+def _write_checkpoints(con, checkpoints: list[dict]) -> None:
+    if not checkpoints:
+        return
+    found = pl.DataFrame(
+        [
+            {
+                "root": "/ckpt",
+                "path": c["path"],
+                "kind": "hf",
+                "step": c.get("step"),
+                "bytes": int(c["gb"] * 1e9),
+                "files": 3,
+                "mtime": at(c.get("hour", 0)),
+                "is_best": c.get("best", False),
+                "run_dir": c["path"].rsplit("/", 1)[0],
+            }
+            for c in checkpoints
+        ],
+        schema=CHECKPOINT_SCHEMA,
+    )
+    # as a scan of the root writes its inventory
+    CheckpointSource().write(con, Path("/ckpt"), ParsedUnit(found, rows_read=found.height))
 
 
 def run_case(code: str, case: dict, workdir: Path) -> RuleResult:

@@ -3,7 +3,7 @@
 The schema is created by MLflow itself (``SqlAlchemyStore`` runs its migrations); runs are
 then written either through the real MLflow client (``--writer client``: slow, the
 reference) or by a bulk writer that inserts the same rows with ``executemany``
-(``--writer bulk``: for 100k runs). ``tests/test_bench_generator.py`` proves the two give
+(``--writer bulk``: for 100k runs). ``tests/scale/test_bench_generator.py`` proves the two give
 identical histories on a small N.
 
     python -m bench.generate --runs 10000 --out /tmp/mlflow-10k.db

@@ -1,3 +1,27 @@
+"""The test suite, by layer: each folder holds the tests of one layer of the tool, so a
+change to a layer names the tests to run first.
+
+- ``unit/``: one library module in process (warehouse, allocator, facts, the filter
+  evaluator, the layering of imports), no CLI and no source files.
+- ``importers/``: each source read into the warehouse (MLflow stores and servers, W&B and
+  the other file trackers, Slurm, telemetry, Prometheus, checkpoints and links, redaction).
+- ``rules/``: rules and the scan: the cases in ``cases/``, rules on real and logged runs,
+  the accuracy against the expert verdicts, the plug-in example.
+- ``cli/``: commands as a user calls them: errors, language, docs and packaging, gate,
+  prune, queries, status, watch.
+- ``reports/``: the weekly and scan reports and their figures.
+- ``robustness/``: hostile, broken and random input (corpora, fuzzing and properties that
+  attack), kill -9, Ctrl-C, concurrency, full disks, secrets. ``test_extreme_warehouse``
+  is here: extreme values, not size.
+- ``scale/``: the benchmark harness and what lies beyond one machine.
+
+Shared parts stay at this level: ``helpers.py`` (functions), this conftest (fixtures every
+layer uses; a layer's own fixtures in its conftest), ``cases/``, ``data/``, ``golden/``,
+the example plug-ins, ``accuracy/`` (``python -m tests.accuracy``), and the parts a few
+tests start (``slurm_cluster.py``, ``hostile_cases.py``, ``watch_parts.py``,
+``docs_pages.py``).
+"""
+
 from __future__ import annotations
 
 import os
@@ -18,7 +42,6 @@ from click.testing import CliRunner
 from hypothesis import settings
 
 from audit.cli import cli
-from audit.importers.mlflow import import_mlflow
 from audit.warehouse import open_warehouse
 from tests.helpers import REPO, log_reference_runs, mlflow_server
 
@@ -53,6 +76,15 @@ def run_cli(tmp_path):
         return result.exit_code, result.stdout, result.stderr
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def schema_warehouse(tmp_path_factory):
+    """An empty warehouse whose tables audit's own migrations made (tests write no DDL of
+    warehouse tables), shared by the session: a test writes its rows inside
+    ``tests.helpers.rolled_back`` so the next one finds it empty again."""
+    with open_warehouse(tmp_path_factory.mktemp("schema") / "w.duckdb") as warehouse:
+        yield warehouse
 
 
 @pytest.fixture
@@ -97,15 +129,9 @@ def pytest_addoption(parser):
 
 
 @pytest.fixture
-def regenerate_golden(request) -> bool:
-    return request.config.getoption("--regenerate-golden")
-
-
-@pytest.fixture
 def fresh_demo_db(demo_db, tmp_path):
     """A copy of the sample-week warehouse without any stored scan (scan ids start at 1) or
     stored report."""
-    import shutil
 
     import duckdb
 
@@ -116,41 +142,3 @@ def fresh_demo_db(demo_db, tmp_path):
         con.execute(f"DELETE FROM {table}")
     con.close()
     return {**demo_db, "db": db}
-
-
-@pytest.fixture
-def imported(server, tmp_path):
-    """A copy of the reference store and a warehouse that imported it."""
-    store = tmp_path / "store.db"
-    shutil.copy(server["backend"], store)
-    db = tmp_path / "w.duckdb"
-    with open_warehouse(db) as wh:
-        import_mlflow(wh, f"sqlite:///{store}")
-    return store, db
-
-
-@pytest.fixture(scope="session")
-def slurm():
-    """A real single-node Slurm (tests/slurm_cluster.py), one per test session. Its folder
-    is not under pytest's (mode 700): munged wants every folder above its socket
-    world-executable."""
-    import tempfile
-
-    from tests.slurm_cluster import DEBIAN_PACKAGES, missing_programs, slurm_cluster
-
-    missing = missing_programs()
-    if missing or os.geteuid() != 0:
-        why = (
-            f"not installed: {', '.join(missing)} (apt-get install {DEBIAN_PACKAGES})"
-            if missing
-            else "the test Slurm runs its daemons as root"
-        )
-        if os.environ.get("CI"):  # .ci/run installs them: a missing one is a failure there
-            pytest.fail(f"real Slurm: {why}")
-        pytest.skip(f"real Slurm: {why}")
-    root = Path(tempfile.mkdtemp(prefix="audit-slurm-"))
-    try:
-        with slurm_cluster(root) as cluster:
-            yield cluster
-    finally:
-        shutil.rmtree(root, ignore_errors=True)

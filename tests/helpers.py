@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,12 +32,72 @@ SHARED = Path(
 )
 
 
+# Every corpus tally made in this session (tests/robustness/conftest.py writes them at its end).
+TALLIES: list[CorpusTally] = []
+
+
+class CorpusTally:
+    """What each case of a corpus of bad inputs did, "rejected" or "accepted", counted per
+    kind for the reliability page (``test-artifacts/<file_name>``). Kept per case, so the
+    order tests run in does not matter and a case cannot count twice; written at the end of
+    the session only when every case has an outcome (a run of some cases, or one where a
+    case failed before its outcome, leaves the last whole tally in place)."""
+
+    def __init__(self, file_name: str, cases: list[tuple[str, str]], register: bool = True):
+        self.file_name = file_name
+        self.cases = set(cases)  # (kind, name)
+        if len(self.cases) != len(cases):
+            raise ValueError(f"{file_name}: a case is listed twice")
+        self.outcomes: dict[tuple[str, str], str] = {}
+        if register:
+            TALLIES.append(self)
+
+    def record(self, kind: str, name: str, outcome: str) -> None:
+        case = (kind, name)
+        if case not in self.cases:
+            raise KeyError(f"{case} is not a case of the {self.file_name} corpus")
+        if case in self.outcomes:
+            raise ValueError(f"{case} was counted already")
+        if outcome not in ("rejected", "accepted"):
+            raise ValueError(f"unknown outcome {outcome!r}")
+        self.outcomes[case] = outcome
+
+    def complete(self) -> bool:
+        return self.outcomes.keys() == self.cases
+
+    def text(self) -> str:
+        missing = sorted(self.cases - self.outcomes.keys())
+        if missing:
+            raise ValueError(
+                f"{len(missing)} of {len(self.cases)} cases have no outcome: {missing[0]}"
+            )
+        per_kind = Counter(f"{kind}: {outcome}" for (kind, _), outcome in self.outcomes.items())
+        lines = [f"{key}: {count}\n" for key, count in sorted(per_kind.items())]
+        return f"cases: {len(self.outcomes)}\n" + "".join(lines)
+
+
 def property_examples(replay: int, explore: int) -> int:
     """Examples of a property test: few in `make test` (the replay profile), many in
     `make fuzz` (explore); AUDIT_PROPERTY_EXAMPLES overrides both."""
     if os.environ.get("AUDIT_PROPERTY_EXAMPLES"):
         return int(os.environ["AUDIT_PROPERTY_EXAMPLES"])
     return explore if os.environ.get("AUDIT_HYPOTHESIS") == "explore" else replay
+
+
+# address space of a command run on hostile input: a runaway allocation fails, never swaps
+MEMORY_LIMIT = 3 << 30
+
+
+def bound_address_space() -> None:
+    """``preexec_fn`` of a command run on hostile input: at most ``MEMORY_LIMIT``."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def now_ms() -> int:
+    """Now in milliseconds since the epoch, MLflow's unit for times."""
+    return int(time.time() * 1000)
 
 
 def free_port() -> int:
@@ -182,6 +244,31 @@ def copy_store_run(con, run: str, new: str, tables: tuple[str, ...]) -> None:
         )
 
 
+def rows(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    """The rows ``sql`` gives on the warehouse file ``db``, opened read-only for the query."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
+
+
+# Append-only logs of imports: an import that changes no data still adds a row to them.
+LOG_TABLES = ("import_log", "file_imports")
+
+
+def table_counts(db: Path, writable: bool = False, logs: bool = True) -> dict[str, int]:
+    """Rows per table of the warehouse ``db`` (``Warehouse.table_counts``: every table, so
+    a before/after comparison misses none), without ``LOG_TABLES`` unless ``logs``.
+    ``writable`` opens it as the next import does, replaying the log a killed or
+    interrupted command left."""
+    from audit.warehouse import open_warehouse
+
+    with open_warehouse(db, read_only=not writable, create=False) as warehouse:
+        counts = warehouse.table_counts()
+    return {t: n for t, n in counts.items() if logs or t not in LOG_TABLES}
+
+
 def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
     """Table contents keyed by run name instead of store-specific ids, for comparisons."""
     con = duckdb.connect(str(db), read_only=True)
@@ -222,6 +309,29 @@ def warehouse_rows(db: Path) -> dict[str, list[tuple]]:
         return out
     finally:
         con.close()
+
+
+@contextmanager
+def rolled_back(con):
+    """A transaction rolled back when the block ends, whatever happens in it: rows written
+    into ``schema_warehouse`` for one test (or one hypothesis example) and gone after."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    finally:
+        con.execute("ROLLBACK")
+
+
+def hf_checkpoint(folder: Path, best: str | None = None, size: int = 1000, files: int = 0) -> None:
+    """A Hugging Face Trainer checkpoint folder ``checkpoint-<step>``: weights of ``size``
+    bytes, a trainer state naming ``best`` as the best checkpoint, ``files`` extra shards."""
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * size)
+    step = int(folder.name.split("-")[1])
+    state = {"global_step": step, "best_model_checkpoint": best}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    for shard in range(files):
+        (folder / f"shard-{shard:05d}.bin").write_bytes(b"s")
 
 
 def audit_process(db: Path, *args: str, env: dict | None = None) -> subprocess.Popen:

@@ -16,7 +16,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import struct
 import threading
 import zlib
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import duckdb
 
-from tests.helpers import REPO
+from tests.helpers import REPO, bound_address_space, free_port
 
 SAMPLE = REPO / "sample_logs"
 WANDB_RUN = "offline-run-20261117_020000-rsn00000"
@@ -48,8 +47,8 @@ class Case:
     seconds: float = 60.0
     max_rss: int | None = None  # bytes of peak memory the command must stay under
     env: dict = field(default_factory=dict)
-    # the corpus whose test runs it: "run folders" (tests/test_hostile_run_folders.py) or
-    # "input" (tracking servers, stores and the config: tests/test_bad_input_corpus.py)
+    # the corpus whose test runs it: "run folders" (tests/robustness/test_hostile_run_folders.py) or
+    # "input" (tracking servers, stores and the config: tests/robustness/test_bad_input_corpus.py)
     corpus: str = "run folders"
 
 
@@ -174,12 +173,6 @@ def nested(depth: int) -> str:
 
 
 # -- a local server answering as a case says -------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serving(answer: Callable[[str], tuple[int, dict, bytes]]) -> Iterator[tuple[str, list]]:
     """An HTTP server on 127.0.0.1 answering every request with ``answer(path)``; yields
@@ -845,7 +838,6 @@ def environment(extra: dict | None = None) -> dict:
 
 
 # -- running a case -----------------------------------------------------------------------------
-MEMORY_LIMIT = 3 * GB  # address space of the command: a runaway allocation fails, never swaps
 
 
 @dataclass
@@ -857,12 +849,6 @@ class Outcome:
     err: str
     timed_out: bool = False
     second_server_asked: list = field(default_factory=list)
-
-
-def _limits() -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
 def run_case(case: Case, folder: Path, cwd: Path = REPO, env: dict | None = None) -> Outcome:
@@ -898,7 +884,7 @@ def run_case(case: Case, folder: Path, cwd: Path = REPO, env: dict | None = None
             stderr=subprocess.PIPE,
             cwd=cwd,
             env=env,
-            preexec_fn=_limits,
+            preexec_fn=bound_address_space,
         )
         output: dict[str, bytes] = {}
         readers = [

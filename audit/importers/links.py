@@ -19,7 +19,7 @@ that run and the jobs; a checkpoint's link reads every run that is a candidate f
 the checkpoints linked to a changed run or now a candidate of one are derived again over
 all runs; system-metric samples are grouped by host, so the hosts of the changed runs'
 old and new jobs are derived again. Everything else is exactly what a full derivation
-gives, because none of its inputs changed (tests/test_links_incremental.py compares the
+gives, because none of its inputs changed (tests/importers/test_links_incremental.py compares the
 two on generated histories).
 
 Readers use the relations ``run_jobs`` and ``checkpoint_runs``.
