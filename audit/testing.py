@@ -92,7 +92,7 @@ from audit.importers.run_store import (
     write_batch,
 )
 from audit.importers.slurm import JOB_SCHEMA
-from audit.importers.telemetry import time_problem, valid_value, value_problem
+from audit.importers.telemetry.samples import time_problem, valid_value, value_problem
 from audit.redact import redact_frame
 from audit.rule_registry import get_rule, load_checked_config
 from audit.scans import RuleResult, run_rules
