@@ -370,13 +370,13 @@ def test_export_parquet(demo_db, run_cli, tmp_path):
 def test_export_in_slices_holds_every_row_once(demo_db, run_cli, tmp_path, monkeypatch):
     """With slices of at most 1,000 rows (the demo's 14,328 samples over its hosts are cut
     into several COPYs), every table reads back from the export as the warehouse holds it."""
-    from audit.query import registry
+    from audit.query import export
 
-    monkeypatch.setattr(registry, "EXPORT_SLICE_ROWS", 1_000)
+    monkeypatch.setattr(export, "EXPORT_SLICE_ROWS", 1_000)
     target = tmp_path / "export"
     assert run_cli("--db", str(demo_db["db"]), "export", "--parquet", str(target))[0] == 0
     con = duckdb.connect(str(demo_db["db"]), read_only=True)
-    for table, partition in registry.EXPORT_PARTITIONS.items():
+    for table, partition in export.EXPORT_PARTITIONS.items():
         stored = con.execute(
             f"SELECT {partition}::VARCHAR, count(*) FROM {table} GROUP BY 1 ORDER BY 1"
         ).fetchall()

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import audit.query.registry as registry_module
+import audit.query.search as search_module
 from audit import Registry
 from audit.errors import InputError
 from audit.importers.search_index import rebuild_search_tables
@@ -204,7 +204,7 @@ def awkward_runs_db(request, tmp_path_factory):
 
 
 def _answer(db, text: str, bulk: bool, monkeypatch) -> tuple:
-    monkeypatch.setattr(registry_module, "SQL_LEAVES", -1 if bulk else 10**9)
+    monkeypatch.setattr(search_module, "SQL_LEAVES", -1 if bulk else 10**9)
     registry = Registry(db)
     try:
         found = registry.search(text, limit=None, include_deleted=True)
