@@ -14,6 +14,7 @@ import polars as pl
 from audit.config import Config
 from audit.errors import InputError, utf8_problem
 from audit.importers.params import flatten_config, normalised_texts
+from audit.importers.wandb.rows import config_params
 from audit.query.config_keys import match_keys
 from audit.query.run_ids import resolve_run_id
 
@@ -53,7 +54,7 @@ def similar(
         found = wh.frame("SELECT key, value FROM params WHERE run_id = ?", [run_id])
         query = dict(zip(found["key"], found["value"], strict=True))
     elif config_file is not None:
-        query = flatten_config(read_config_file(config_file))
+        query = config_settings(read_config_file(config_file))
     else:
         query = dict(params or {})
     if not query:
@@ -246,6 +247,16 @@ def _with_outcomes(wh, config: Config, runs: pl.DataFrame) -> pl.DataFrame:
 
 MAX_CONFIG_BYTES = 16 << 20
 MAX_CONFIG_DEPTH = 100
+
+
+def config_settings(settings: dict) -> dict[str, str]:
+    """A config file's settings as params. W&B's own ``files/config.yaml`` (a ``_wandb``
+    block, each value wrapped as ``{value: …}``) is read as its importer reads it: unwrapped,
+    the library's block (with the user's e-mail) left out, so the config of a logged run
+    finds that run."""
+    if "_wandb" in settings or "wandb_version" in settings:
+        return config_params(settings)
+    return flatten_config(settings)
 
 
 def read_config_file(path: Path) -> dict:

@@ -326,6 +326,27 @@ def test_without_wandb_installed_files_are_read_and_it_is_said(tmp_path):
     assert "ana@example.org" not in done.stdout + done.stderr
 
 
+def test_a_wandb_config_yaml_finds_the_run_it_was_logged_with(tmp_path, run_cli):
+    """`runs similar --config files/config.yaml`: W&B's own wrapped config (and its _wandb
+    block with the user's e-mail) is read as the importer reads it, so the run is found."""
+    folder = tmp_path / "wandb" / "run-20260101_000000-abc123"
+    (folder / "files").mkdir(parents=True)
+    config = folder / "files" / "config.yaml"
+    config.write_text(
+        "wandb_version: 1\n_wandb:\n  desc: null\n  value: {cli_version: 0.19.1, "
+        "email: ana@example.org}\nlr:\n  desc: null\n  value: 2.0e-05\n"
+        "model:\n  value: {name: gpt2, lora: {r: 8}}\n"
+    )
+    (folder / "files" / "wandb-metadata.json").write_text('{"host": "node1"}')
+    db = tmp_path / "a.duckdb"
+    assert run_cli("--db", str(db), "ingest", "wandb", str(tmp_path / "wandb"))[0] == 0
+    code, out, err = run_cli("--db", str(db), "runs", "similar", "--config", str(config))
+    assert code == 0, err
+    # files/ alone says nothing of how the run ended: a match, not a finished one
+    assert out.startswith("exact matches: 1 (0 finished)") and "abc123" in out, out
+    assert "ana@example.org" not in out + err
+
+
 # -- bad .wandb input ----------------------------------------------------------------------------
 def framed(payloads: list[bytes]) -> bytes:
     """A W&B log with ``payloads`` as FULL records (each under one block)."""

@@ -320,3 +320,12 @@ def test_not_a_version_1_backup_is_refused_by_name(tmp_path, run_cli, head, mess
     (folder / "backup.swanlab").write_bytes(head + b"\x00" * 64)
     code, _, err = run_cli("--db", str(tmp_path / "a.duckdb"), "ingest", "swanlab", str(folder))
     assert code == 2 and message in err, err
+
+
+def test_a_swanlab_run_folder_is_not_taken_for_a_wandb_run(swanlog, tmp_path, run_cli):
+    """SwanLab's run-<time>-<id>/files has W&B's shape with swanlab-metadata.json: given to
+    `ingest wandb`, it was imported as a W&B run without status, times or unwrapped config."""
+    db = tmp_path / "a.duckdb"
+    code, _, err = run_cli("--db", str(db), "ingest", "wandb", str(swanlog))
+    assert code == 2 and "no W&B run folder in it" in err, err
+    assert not db.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def find_run_folders(paths: list[Path]) -> list[Path]:
                 dirs[:] = [d for d in dirs if d not in ("files", "logs", "tmp")]
         if len(found) == before:
             raise InputError(
-                f"{path}: no W&B run folder in it (folders holding run-<id>.wandb or files/)"
+                f"{path}: no W&B run folder in it (folders holding run-<id>.wandb, or files/ "
+                "with wandb-metadata.json)"
             )
     return _latest_per_run_id(list(found.values()))
 
@@ -44,7 +46,17 @@ def _is_run_folder(folder: Path, files: list[str] | None = None) -> bool:
     names = files if files is not None else [p.name for p in folder.iterdir() if p.is_file()]
     if any(n.endswith(".wandb") for n in names):
         return True
-    return bool(_RUN_FOLDER.match(folder.name)) and (folder / "files").is_dir()
+    return bool(_RUN_FOLDER.match(folder.name)) and _wandb_files(folder / "files")
+
+
+def _wandb_files(files: Path) -> bool:
+    """A ``files/`` that W&B wrote: it holds a ``wandb-*`` file (``wandb-metadata.json`` from
+    a run's start). SwanLab's ``swanlog/run-<time>-<id>/files`` has the same shape with
+    ``swanlab-metadata.json``: without this it was read as a W&B run of that id."""
+    try:
+        return any(entry.name.startswith("wandb-") for entry in os.scandir(files))
+    except OSError:
+        return False
 
 
 def _latest_per_run_id(folders: list[Path]) -> list[Path]:
