@@ -851,6 +851,20 @@ class Outcome:
     second_server_asked: list = field(default_factory=list)
 
 
+# ``python -m audit`` that writes its own peak resident size (kB) to argv[1] when it exits
+_PEAK_REPORTED = (
+    "import atexit, sys\n"
+    "peak_file = sys.argv.pop(1)\n"
+    "def report():\n"
+    "    status = open('/proc/self/status').read()\n"
+    "    open(peak_file, 'w').write(status.split('VmHWM:')[1].split()[0])\n"
+    "atexit.register(report)\n"
+    "sys.argv[0] = 'audit'\n"
+    "from audit.entry import main\n"
+    "main()\n"
+)
+
+
 def run_case(case: Case, folder: Path, cwd: Path = REPO, env: dict | None = None) -> Outcome:
     """Build ``case`` in ``folder`` and run its command as its own process (from ``cwd``,
     whose ``audit`` it runs), bounded in time and address space; its peak memory is the
@@ -877,9 +891,10 @@ def run_case(case: Case, folder: Path, cwd: Path = REPO, env: dict | None = None
         base = [sys.executable, "-m", "audit", "--db", str(db)]
         for command in case.prepare:
             subprocess.run([*base, *command], check=True, capture_output=True, cwd=cwd, env=env)
+        peak_file = folder / "peak-kb"
         started = time.monotonic()
         proc = subprocess.Popen(
-            [*base, *args],
+            [sys.executable, "-c", _PEAK_REPORTED, str(peak_file), "--db", str(db), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=cwd,
@@ -904,10 +919,15 @@ def run_case(case: Case, folder: Path, cwd: Path = REPO, env: dict | None = None
         proc.returncode = os.waitstatus_to_exitcode(status)
         for reader in readers:
             reader.join()
+        # the process's own peak (VmHWM, written at its exit); ru_maxrss only for a process
+        # that did not get to write it (killed): Linux carries the forking parent's resident
+        # size across fork and exec into ru_maxrss, and late in a full test run the parent
+        # holds a gigabyte
+        peak_kb = int(peak_file.read_text()) if peak_file.exists() else usage.ru_maxrss
         return Outcome(
             code=proc.returncode,
             seconds=seconds,
-            max_rss=usage.ru_maxrss * 1024,
+            max_rss=peak_kb * 1024,
             out=output.get("out", b"").decode("utf-8", "replace"),
             err=output.get("err", b"").decode("utf-8", "replace"),
             timed_out=timed_out,
