@@ -10,13 +10,13 @@ import shutil
 import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from tests.helpers import SHARED, rows
+from tests.hostile_cases import wandb_log
 
 WANDB = SHARED / "wandb"
 needs_realdata = pytest.mark.skipif(not WANDB.is_dir(), reason=f"{WANDB} not present")
@@ -348,18 +348,6 @@ def test_a_wandb_config_yaml_finds_the_run_it_was_logged_with(tmp_path, run_cli)
 
 
 # -- bad .wandb input ----------------------------------------------------------------------------
-def framed(payloads: list[bytes]) -> bytes:
-    """A W&B log with ``payloads`` as FULL records (each under one block)."""
-    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
-    for data in payloads:
-        room = 32768 - len(out) % 32768
-        if room < 7 + len(data):
-            out += b"\0" * room
-        crc = zlib.crc32(data, zlib.crc32(bytes([1]))) & 0xFFFFFFFF
-        out += struct.pack("<IHB", crc, len(data), 1) + data
-    return bytes(out)
-
-
 def run_record(run_id: str) -> bytes:
     from wandb.proto import wandb_internal_pb2 as pb
 
@@ -395,24 +383,26 @@ def bad_folder(root: Path, name: str, content: bytes) -> Path:
         (
             "crc",
             lambda: (lambda b: b[:20] + bytes([b[20] ^ 0xFF]) + b[21:])(
-                framed([run_record("crc"), exit_record(0), exit_record(0)])
+                wandb_log([run_record("crc"), exit_record(0), exit_record(0)])
             ),
             "byte 7: CRC mismatch, followed by more records",
         ),
         (
             "huge",
             lambda: (
-                framed([run_record("huge")])
+                wandb_log([run_record("huge")])
                 + struct.pack("<IHB", 0, 65535, 1)
                 + b"\x01" * 100
-                + framed([exit_record(0)])[7:]
+                + wandb_log([exit_record(0)])[7:]
             ),
             "claims 65535 bytes, more than the",
         ),
         (
             "proto",
             # a length-delimited field claiming 2 GB: protobuf refuses it without allocating
-            lambda: framed([run_record("proto"), b"\x12\x80\x80\x80\x80\x08abc", exit_record(0)]),
+            lambda: wandb_log(
+                [run_record("proto"), b"\x12\x80\x80\x80\x80\x08abc", exit_record(0)]
+            ),
             "does not parse as a W&B protobuf",
         ),
     ],
@@ -433,7 +423,7 @@ def test_bad_wandb_logs_exit_2_naming_file_and_offset_with_nothing_written(
 
 def test_skip_bad_imports_the_good_runs_and_lists_the_bad(tmp_path, run_cli):
     pytest.importorskip("wandb")
-    bad_folder(tmp_path, "good", framed([run_record("good"), exit_record(0)]))
+    bad_folder(tmp_path, "good", wandb_log([run_record("good"), exit_record(0)]))
     bad_folder(tmp_path, "bad", b"not a log at all")
     db = tmp_path / "a.duckdb"
     code, out, err = run_cli(
@@ -447,7 +437,7 @@ def test_skip_bad_imports_the_good_runs_and_lists_the_bad(tmp_path, run_cli):
 
 def test_a_damaged_last_record_is_a_tail_not_an_error(tmp_path, run_cli):
     pytest.importorskip("wandb")
-    log = framed([run_record("tail"), exit_record(0)])
+    log = wandb_log([run_record("tail"), exit_record(0)])
     bad_folder(tmp_path, "tail", log[:-1] + bytes([log[-1] ^ 0xFF]))
     db = tmp_path / "a.duckdb"
     code, _out, err = run_cli("--db", str(db), "ingest", "wandb", str(tmp_path / "wandb"))
