@@ -39,15 +39,18 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import ClassVar
+
+import polars as pl
 
 from audit.config import Config
-from audit.facts.prices import Prices, card_of
+from audit.facts.cost_basis import HOUR, Cost, hours_between, named_card, team_of
+from audit.facts.jobs import JobFacts, JobTable, load_jobs
+from audit.facts.prices import Prices
 from audit.heap import long_lived
-from audit.text import counted
 from audit.warehouse.values import RUN_SECONDS_TAG, WORLD_SIZE_TAG
 from audit.windows import Window, started_in
 
-HOUR = 3600.0
 MAX_GPUS = 1_000_000  # a GPU count above this is not a count (a typo, an id)
 # an entry of CUDA_VISIBLE_DEVICES: an index, a GPU or MIG UUID
 _GPU_ID = re.compile(r"\d{1,7}|(?:GPU|MIG)-[0-9A-Za-z/-]{1,80}")
@@ -58,101 +61,6 @@ ACTIVE_GPU = (
     "coalesce(util_max, 0) > 0 OR coalesce(mem_max - mem_min, 0) >= "
     "greatest(256, 0.02 * coalesce(mem_total, 0))"
 )
-
-
-RUNG_LABELS = {
-    "slurm": "Slurm allocation",
-    "devices": "GPU list the run recorded",
-    "world_size": "world size the framework reported",
-    "params": "parallelism from params",
-    "activity": "estimated from GPU activity",
-    "default": "assumed [cost] default",
-    "unknown": "GPU count unknown",
-}
-# rungs whose GPU count is the run's allocation (idle GPUs among them are its waste)
-ALLOCATION_RUNGS = frozenset({"slurm", "devices", "world_size", "params", "default"})
-
-
-def money(gpu_hours: float, price: float, price_key: str) -> str:
-    return f"{gpu_hours:.2f} GPU-h × ${price:.2f}/GPU-h ({price_key}) = ${gpu_hours * price:,.2f}"
-
-
-def hours_between(start: datetime | None, end: datetime | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return max((end - start).total_seconds(), 0.0) / HOUR
-
-
-@dataclass(frozen=True, slots=True)
-class Cost:
-    """GPUs × hours × price of one run or job, with the evidence it stands on."""
-
-    rung: str  # slurm | devices | world_size | params | activity | default | unknown
-    gpus: float | None
-    gpu_type: str | None
-    hours: float | None  # how long the GPUs were held (job elapsed, else run wall clock)
-    price: float
-    price_key: str
-    source: str  # the evidence for the GPU count, e.g. "Slurm job 123", "param num_gpus"
-    # the GPU ids the run recorded (rung devices), to pick its GPUs among a machine's
-    devices: tuple[str, ...] | None = None
-
-    @property
-    def fallback_price(self) -> bool:
-        """Priced at ``[prices] default``: no price for the card (or the card unknown)."""
-        return self.price_key.startswith("default")
-
-    @property
-    def is_allocation(self) -> bool:
-        """The count is what the run held (Slurm, its device list, its parallelism, the
-        configured default), not only what was seen busy."""
-        return self.rung in ALLOCATION_RUNGS
-
-    @property
-    def known(self) -> bool:
-        return self.gpus is not None and self.hours is not None
-
-    @property
-    def gpu_hours(self) -> float | None:
-        return self.gpus * self.hours if self.known else None
-
-    @property
-    def usd(self) -> float | None:
-        gpu_hours = self.gpu_hours
-        return None if gpu_hours is None else gpu_hours * self.price
-
-    @property
-    def rung_label(self) -> str:
-        return RUNG_LABELS[self.rung]
-
-    @property
-    def basis(self) -> str:
-        duration = f"{self.hours:.2f} h" if self.hours is not None else "an unknown duration"
-        if self.rung == "slurm":
-            return f"{self.source}: {_gpus(self.gpus)} × {duration} elapsed"
-        if self.rung == "unknown":
-            if self.hours is None:
-                return "GPU count and duration unknown"
-            return f"GPU count unknown: {self.hours:.2f} run-hours"
-        verb = "assumed" if self.rung == "default" else "estimated"
-        return f"{verb}: {_gpus(self.gpus)} from {self.source} × {duration} wall clock"
-
-    def part(self, hours: float) -> tuple[float | None, float | None]:
-        """GPU-hours and dollars of ``hours`` of this allocation (None when GPUs unknown)."""
-        if self.gpus is None:
-            return None, None
-        gpu_hours = self.gpus * hours
-        return gpu_hours, gpu_hours * self.price
-
-    def formula(self, gpu_hours: float | None = None) -> str:
-        gpu_hours = self.gpu_hours if gpu_hours is None else gpu_hours
-        if gpu_hours is None:
-            return f"{self.basis}: no dollar figure"
-        return money(gpu_hours, self.price, self.price_key)
-
-
-def _gpus(value: float | None) -> str:
-    return "? GPUs" if value is None else counted(value, "GPU")
 
 
 @dataclass(slots=True)
@@ -204,112 +112,44 @@ class RunFacts:
         return {"run_id": self.run_id, "run_name": self.name}
 
 
-# The jobs columns that rules read beyond JobFacts' own fields: the queue wait's start
-# (QUE001) and sacct's and jobstats' usage figures (audit.usage). Only these are kept per
-# job: all 32 columns as a dict cost about 1.8 KB per job, 1.8 GB of a scan at 1 M jobs.
-JOB_EXTRA_COLUMNS = ("eligible_time", "max_gpu_util_pct", "max_gpu_mem_bytes", "admin_comment")
-
-
-@dataclass(slots=True)
-class JobFacts:
-    cluster: str
-    job_id: str
-    name: str | None
-    user_name: str | None
-    account: str | None
-    partition: str | None
-    state: str | None
-    submit_time: datetime | None
-    start_time: datetime | None
-    end_time: datetime | None
-    elapsed_s: int | None
-    timelimit_s: int | None
-    gpus: int
-    gpu_type: str | None  # allocation type, else the card model its hosts reported
-    hosts: list[str]
-    run_ids: list[str]  # runs linked to the job, earliest first
-    team: str | None
-    team_source: str | None
-    method: str | None
-    base_model: str | None
-    cost: Cost
-    # JOB_EXTRA_COLUMNS of the job's jobs row, as read by the queue and usage rules
-    eligible_time: datetime | None = None
-    max_gpu_util_pct: float | None = None
-    max_gpu_mem_bytes: int | None = None
-    admin_comment: str | None = None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.cluster, self.job_id)
-
-    @property
-    def hours(self) -> float | None:
-        if self.elapsed_s is not None:
-            return self.elapsed_s / HOUR
-        return hours_between(self.start_time, self.end_time)
-
-    def subject(self) -> dict:
-        subject = {"cluster": self.cluster, "job_id": self.job_id}
-        if self.run_ids:
-            subject["run_id"] = self.run_ids[0]
-        return subject
-
-
 def _streamed(result, batch: int = 50_000):
-    """The rows of a query result a batch at a time: ``fetchall`` of a million jobs holds
-    every row's tuple beside the facts built from them (1.1 GB more at peak at a million
-    jobs), and the freed tuples leave the facts' memory fragmented."""
+    """The rows of a query result a batch at a time: ``fetchall`` holds every row's tuple
+    beside the facts built from them (1.1 GB more at peak when jobs were built so, at a
+    million), and the freed tuples leave the facts' memory fragmented."""
     while rows := result.fetchmany(batch):
         yield from rows
 
 
-TEAM_SOURCES = ("tag", "account", "user")
-
-
-def team_of(order: list[str], tag: str | None, account: str | None, user: str | None):
-    """The team and where it came from: the first known of ``order`` (tag, account, user)."""
-    for source in order:  # called per job and run: no dict of the three (1 s a million)
-        value = tag if source == "tag" else account if source == "account" else user
-        if value and source in TEAM_SOURCES:
-            return value, source
-    return None, None
-
-
 class Facts:
-    """Every run and GPU job with cost and attribution, read once per scan or report."""
+    """Every run and GPU job with cost and attribution, read once per scan or report.
+
+    The runs are objects; the jobs are a ``JobTable``, columns with a job's facts made
+    when asked for (a million jobs are common, a million runs are not)."""
 
     def __init__(
         self,
         config: Config,
         runs: list[RunFacts],
-        jobs: list[JobFacts],
+        jobs: JobTable | list[JobFacts],
         text: _TextPool | None = None,
         by_key: dict[tuple[str, str], RunFacts] | None = None,
-        jobs_by_key: dict[tuple[str, str], JobFacts] | None = None,
     ):
         self.config = config
         self.runs = runs
-        self.jobs = jobs
+        self.jobs = jobs if isinstance(jobs, JobTable) else JobTable.of(jobs)
         # ``load`` gives the runs by key as it builds them (a run's ``key`` is a new tuple
         # on each call: 0.4 s at 100,000 runs)
         self._runs = by_key if by_key is not None else {r.key: r for r in runs}
         self._keys = {key: key for key in self._runs}
         # the facts' strings, for the per-run tables rules build beside them (``shared``)
         self.text = text or _TextPool()
-        self._jobs = jobs_by_key if jobs_by_key is not None else {j.key: j for j in jobs}
-        # both lists are ordered by start time, unknown starts last (``load``'s ORDER BY):
-        # the runs or jobs started in a window are one slice, found by bisection
+        # the runs are ordered by start time, unknown starts last (``load``'s ORDER BY):
+        # the runs started in a window are one slice, found by bisection
         self._run_starts = [r.start_time for r in runs if r.start_time is not None]
-        self._job_starts = [j.start_time for j in jobs if j.start_time is not None]
 
     def runs_in(self, window: Window) -> list[RunFacts]:
         """The runs started in ``window`` (every run for an unbounded window), by start."""
         return started_in(self.runs, self._run_starts, window)
-
-    def jobs_in(self, window: Window) -> list[JobFacts]:
-        """The jobs started in ``window`` (every job for an unbounded window), by start."""
-        return started_in(self.jobs, self._job_starts, window)
 
     def run(self, source_id: str, run_id: str) -> RunFacts | None:
         return self._runs.get((source_id, run_id))
@@ -322,15 +162,12 @@ class Facts:
         return self._keys.get(key, key)
 
     def job(self, cluster: str, job_id: str) -> JobFacts | None:
-        return self._jobs.get((cluster, job_id))
+        position = self.jobs.position(cluster, job_id)
+        return None if position is None else self.jobs[position]
 
     def jobs_by_id(self, job_id: str) -> list[JobFacts]:
         """The jobs of every cluster with this id (a finding's subject names the id)."""
-        if not hasattr(self, "_by_job_id"):
-            self._by_job_id: dict[str, list[JobFacts]] = {}
-            for job in self.jobs:
-                self._by_job_id.setdefault(job.job_id, []).append(job)
-        return self._by_job_id.get(job_id, [])
+        return self.jobs.with_job_id(job_id)
 
     def run_by_id(self, run_id: str) -> RunFacts | None:
         """The first run with this id in any source (a finding's subject names the id)."""
@@ -363,84 +200,11 @@ class Facts:
             {part for key in count_keys for part in key.split("*")} | set(list_keys)
         )
         keys = sorted({*pivoted, *count_parts})
-        host_models = dict(
-            con.execute(
-                "SELECT host, min(model) FROM gpu_samples WHERE model IS NOT NULL GROUP BY host"
-            ).fetchall()
-        )
-        # Facts are built straight from the rows' tuples: 200,000 dicts of rows, read by
-        # name, cost more than a second of every scan at 100,000 runs and jobs. RunFacts
-        # and JobFacts take their fields by position, in declaration order: by keyword,
-        # each object costs 2.5 µs more (0.5 s at 100,000 runs and jobs).
-        jobs: list[JobFacts] = []
-        # per job: its facts, the allocation's card type and its hosts' card model
-        jobs_by_key: dict[tuple, tuple[JobFacts, str | None, str | None]] = {}
-        job_rows = con.execute(
-            f"""
-            SELECT j.cluster, j.job_id, name, user_name, account, partition, state, submit_time,
-                   start_time, end_time, elapsed_s, timelimit_s, gpus, gpu_type,
-                   {", ".join(JOB_EXTRA_COLUMNS)},
-                   -- a job on one node (most) gets its host as text: DuckDB makes a Python
-                   -- list of a LIST value slowly (0.45 s for 100,000 one-host lists)
-                   CASE WHEN n.hosts = 1 THEN n.first_host END AS only_host,
-                   CASE WHEN n.hosts > 1 THEN n.all_hosts END AS hosts
-            FROM jobs j
-            LEFT JOIN (
-                SELECT cluster, job_id, count(*) AS hosts, min(host) AS first_host,
-                       list(host ORDER BY host) AS all_hosts
-                FROM job_nodes GROUP BY ALL
-            ) n ON n.cluster = j.cluster AND n.job_id = j.job_id
-            ORDER BY j.start_time NULLS LAST, j.cluster, j.job_id
-            """
-        )
-        for row in _streamed(job_rows):
-            cluster, job_id, name, user_name, account, partition, state, submit_time = row[:8]
-            start_time, end_time, elapsed, timelimit_s, gpus, allocated_type = row[8:14]
-            extras, only_host, all_hosts = row[14:-2], row[-2], row[-1]
-            if only_host is not None:
-                hosts = [same(only_host, only_host)]
-            else:
-                hosts = [same(host, host) for host in all_hosts or ()]
-            allocated_type = same(allocated_type, allocated_type)
-            host_model = _host_model(hosts, host_models)
-            gpu_type = _named_card(allocated_type, host_model)
-            price = price_of(gpu_type, cluster)
-            hours = elapsed / HOUR if elapsed is not None else hours_between(start_time, end_time)
-            jobs.append(
-                JobFacts(
-                    same(cluster, cluster),
-                    job_id,
-                    name,
-                    same(user_name, user_name),
-                    same(account, account),
-                    same(partition, partition),
-                    same(state, state),
-                    submit_time,
-                    start_time,
-                    end_time,
-                    elapsed,
-                    timelimit_s,
-                    gpus or 0,
-                    gpu_type,
-                    hosts,
-                    [],  # run_ids, then team, team_source, method, base_model: from runs
-                    None,
-                    None,
-                    None,
-                    None,
-                    Cost(
-                        "slurm",
-                        float(gpus or 0),
-                        gpu_type,
-                        hours,
-                        price.usd,
-                        price.key,
-                        f"Slurm job {job_id}",
-                    ),
-                    *extras,  # JOB_EXTRA_COLUMNS, the last fields
-                )
-            )
-            jobs_by_key[(jobs[-1].cluster, job_id)] = (jobs[-1], allocated_type, host_model)
+        # jobs as columns (``audit.facts.jobs``); those runs link to are made now, as
+        # their runs are priced by them and give them their attribution
+        jobs = load_jobs(con, order, price_of)
+        linked_keys = con.execute("SELECT DISTINCT cluster, job_id FROM run_jobs").fetchall()
+        jobs_by_key = jobs.linked(linked_keys)
         runs: list[RunFacts] = []
         by_key: dict[tuple[str, str], RunFacts] = {}
         no_job = (None, None, None)
@@ -549,7 +313,7 @@ class Facts:
                 jobs_by_key.get((cluster, job_id), no_job) if job_id else no_job
             )
             last_seen = end_time or last_metric
-            gpu_type = (_named_card(allocated_type, host_model) if allocated_type else None) or (
+            gpu_type = (named_card(allocated_type, host_model) if allocated_type else None) or (
                 same(type_value, type_value) or default_type or host_model
             )
             price = price_of(gpu_type, cluster)
@@ -608,53 +372,67 @@ class Facts:
                 if len(job.run_ids) == 1:  # a job takes the attribution of its first run
                     job.team, job.team_source = team, team_source
                     job.method, job.base_model = fact.method, fact.base_model
-        for job in jobs:
-            if not job.run_ids:
-                job.team, job.team_source = team_of(order, None, job.account, job.user_name)
-        return cls(
-            config, runs, jobs, pool, by_key, {key: job for key, (job, _, _) in jobs_by_key.items()}
-        )
+        jobs.attributed()
+        return cls(config, runs, jobs, pool, by_key)
 
-    def spend(self, window: Window) -> list[dict]:
+    def spend(self, window: Window) -> Spend:
         """What was paid for in the window: every GPU job once (by its start), plus runs
         that ran outside Slurm (by their start). Unknown costs stay None."""
-        items = []
-        for job in self.jobs:
-            if job.gpus <= 0 or job.elapsed_s is None or not window.contains(job.start_time):
-                continue
-            items.append(
-                {
-                    "kind": "job",
-                    "name": job.name,
-                    "has_run": bool(job.run_ids),
-                    "team": job.team,
-                    "method": job.method if job.run_ids else "none",
-                    # the run that attributes it (a job: its first run)
-                    "run": self.run_by_id(job.run_ids[0]) if job.run_ids else None,
-                    "gpu_hours": job.cost.gpu_hours,
-                    "usd": job.cost.usd,
-                    "fallback_price": job.cost.fallback_price,
-                    "run_hours": None,
-                }
+        paid = (
+            self.jobs.started(window)
+            .filter((pl.col("gpus") > 0) & pl.col("elapsed_s").is_not_null())
+            .select(
+                has_run=pl.col("runs") > 0,
+                team=pl.col("team"),
+                method=pl.when(pl.col("runs") > 0).then(pl.col("method")).otherwise(pl.lit("none")),
+                first_run_id=pl.col("first_run_id"),
+                # as ``Cost.gpu_hours`` and ``Cost.usd``
+                gpu_hours=pl.col("gpus").cast(pl.Float64) * pl.col("hours"),
+                usd=pl.col("gpus").cast(pl.Float64) * pl.col("hours") * pl.col("price"),
+                fallback_price=pl.col("price_key").str.starts_with("default"),
             )
+            .collect()
+        )
+        spend = Spend(
+            **{name: paid.get_column(name).to_list() for name in Spend.JOB_COLUMNS},
+            run=[None if r is None else self.run_by_id(r) for r in paid["first_run_id"]],
+            run_hours=[None] * paid.height,
+        )
         for run in self.runs:
             if run.job_id is not None or not window.contains(run.start_time):
                 continue
-            items.append(
-                {
-                    "kind": "run",
-                    "name": run.name,
-                    "has_run": True,
-                    "team": run.team,
-                    "method": run.method,
-                    "run": run,
-                    "gpu_hours": run.cost.gpu_hours,
-                    "usd": run.cost.usd,
-                    "fallback_price": run.cost.fallback_price,
-                    "run_hours": run.run_hours,
-                }
-            )
-        return items
+            spend.add(run)
+        return spend
+
+
+@dataclass(slots=True)
+class Spend:
+    """What was paid for in a window, as columns: one item per GPU job (by start), then one
+    per run outside Slurm (by start); ``run`` is the run that attributes the item (a job's
+    first run), ``run_hours`` a run's own hours (None for a job)."""
+
+    JOB_COLUMNS: ClassVar = ("has_run", "team", "method", "gpu_hours", "usd", "fallback_price")
+    has_run: list[bool]
+    team: list[str | None]
+    method: list[str | None]
+    gpu_hours: list[float | None]
+    usd: list[float | None]
+    fallback_price: list[bool]
+    run: list[RunFacts | None]
+    run_hours: list[float | None]
+
+    def add(self, run: RunFacts) -> None:
+        self.has_run.append(True)
+        self.team.append(run.team)
+        self.method.append(run.method)
+        self.gpu_hours.append(run.cost.gpu_hours)
+        self.usd.append(run.cost.usd)
+        self.fallback_price.append(run.cost.fallback_price)
+        self.run.append(run)
+        self.run_hours.append(run.run_hours)
+
+    def __len__(self) -> int:
+        return len(self.has_run)
 
 
 def _run_cost(
@@ -776,26 +554,6 @@ def _first_set(keys: list[str], column: dict[str, str]) -> str:
         return "NULL"
     values = ", ".join(f"nullif(a.{column[key]}, '')" for key in keys)
     return f"coalesce({values}, NULL)"
-
-
-def _named_card(allocated: str | None, host_model: str | None) -> str | None:
-    """The name a job's card is priced by: its hosts' model name when it is the allocation's
-    card, said more precisely (GRES ``a100`` on a host reporting ``NVIDIA A100-SXM4-40GB``
-    is a 40 GB card), else the allocation's type, else the hosts' model."""
-    if allocated is None or host_model is None:
-        return allocated or host_model
-    given, seen = card_of(allocated), card_of(host_model)
-    if given is not None and seen is not None and given.key.split()[0] == seen.key.split()[0]:
-        return host_model
-    return allocated
-
-
-def _host_model(hosts: list[str], host_models: dict[str, str]) -> str | None:
-    """The card model the first of ``hosts`` with telemetry reported."""
-    for host in hosts:
-        if host in host_models:
-            return host_models[host]
-    return None
 
 
 class _TextPool:

@@ -10,17 +10,23 @@ both read it from here.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
 
-from audit.costs import Facts, JobFacts
+import numpy as np
+import polars as pl
+
+from audit.costs import Facts
+from audit.facts.jobs import JobFacts
 from audit.windows import Window
 
+_EPOCH = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
 
-@dataclass(slots=True)  # a million of them at a million jobs: no frozen __setattr__s
+
+@dataclass(slots=True)
 class Wait:
     job: JobFacts
     since: datetime  # eligible time, else submit time
@@ -40,19 +46,113 @@ class Wait:
         return self.job.partition or "unknown"
 
 
-def waits(facts: Facts, window: Window) -> list[Wait]:
+def in_order_sum(column: str) -> pl.Expr:
+    """The column's sum added in row order, as Python's ``sum`` adds: polars' ``sum``
+    adds in another order, and a float sum's last digits depend on the order."""
+    return pl.col(column).cum_sum().last().fill_null(0.0)
+
+
+class Waits:
+    """GPU jobs that started in a window, with their wait (0 when started at once), as
+    columns in the order of ``Facts.jobs``; a ``Wait`` (with its job's facts) is made for
+    a wait a finding or a report names (``wait``)."""
+
+    def __init__(self, facts: Facts, window: Window):
+        self._facts = facts
+        since = pl.coalesce("eligible_time", "submit_time")
+        waited = (pl.col("start_time") - since).dt.total_microseconds() / 1e6
+        self.frame = (
+            facts.jobs.started(window)
+            .filter((pl.col("gpus") > 0) & pl.col("start_time").is_not_null())
+            .filter(since.is_not_null())
+            .select(
+                "position",
+                "job_id",
+                "gpus",
+                "start_time",
+                team=pl.col("team").fill_null("unknown"),
+                partition=pl.col("partition").fill_null("unknown"),
+                since=since,
+                measured_from=pl.when(pl.col("eligible_time").is_not_null())
+                .then(pl.lit("Eligible"))
+                .otherwise(pl.lit("Submit")),
+                hours=waited.clip(lower_bound=0.0) / 3600,
+            )
+            .with_columns(gpu_hours=pl.col("gpus").cast(pl.Float64) * pl.col("hours"))
+            .collect()
+        )
+
+    def __len__(self) -> int:
+        return self.frame.height
+
+    def wait(self, index: int) -> Wait:
+        """The ``index``-th wait, with its job's facts."""
+        position, since, measured_from, hours = self.frame.select(
+            "position", "since", "measured_from", "hours"
+        ).row(index)
+        return Wait(self._facts.jobs[position], since, measured_from, hours)
+
+    def totals(self) -> dict:
+        """Jobs, GPU-hours waited and waits measured from Submit, over every wait."""
+        jobs, gpu_hours, from_submit = self.frame.select(
+            pl.len(), in_order_sum("gpu_hours"), (pl.col("measured_from") == "Submit").sum()
+        ).row(0)
+        return {"jobs": jobs, "gpu_hours": gpu_hours, "from_submit": from_submit}
+
+    def by_team(self) -> list[tuple[str, int, float, float, int, datetime]]:
+        """Per team, by name: (team, jobs, hours waited, GPU-hours waited, waits measured
+        from Submit, first start)."""
+        return (
+            self.frame.group_by("team")
+            .agg(
+                pl.len(),
+                in_order_sum("hours"),
+                in_order_sum("gpu_hours"),
+                (pl.col("measured_from") == "Submit").sum(),
+                pl.col("start_time").min(),
+            )
+            .sort("team")
+            .rows()
+        )
+
+    def longest(self, at_least_hours: float) -> dict[str, list[int]]:
+        """Per team, the waits of at least ``at_least_hours``, as indices, longest first
+        (equal waits in order)."""
+        found = (
+            self.frame.select("team", "hours")
+            .with_row_index("index")
+            .filter(pl.col("hours") >= at_least_hours)
+            .sort("hours", descending=True, maintain_order=True)
+        )
+        out: dict[str, list[int]] = defaultdict(list)
+        for index, team, _ in found.iter_rows():
+            out[team].append(index)
+        return dict(out)
+
+
+def waits(facts: Facts, window: Window) -> Waits:
     """GPU jobs that started in the window, with their wait (0 when started at once)."""
-    out = []
-    for job in facts.jobs_in(window):
-        if job.gpus <= 0 or job.start_time is None:
-            continue
-        eligible = job.eligible_time
-        since, source = (eligible, "Eligible") if eligible else (job.submit_time, "Submit")
-        if since is None:
-            continue
-        hours = max((job.start_time - since).total_seconds(), 0.0) / 3600
-        out.append(Wait(job, since, source, hours))
-    return out
+    return Waits(facts, window)
+
+
+def _microseconds(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+@dataclass(frozen=True)
+class _Partition:
+    """A partition's GPU jobs by start, as arrays: the finished ones (position in
+    ``Facts.jobs``, start, end, team code), the longest of them, and the unfinished ones
+    (position, start, team code). Times are microseconds since 1970."""
+
+    positions: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    teams: np.ndarray
+    longest: int
+    open_positions: np.ndarray
+    open_starts: np.ndarray
+    open_teams: np.ndarray
 
 
 class RunningJobs:
@@ -62,84 +162,105 @@ class RunningJobs:
     jobs. A job ran during a wait when it started before the waiting job did and ended
     after the wait began; a finished job that ended after ``since`` started after
     ``since`` minus the partition's longest job, so only the jobs started in that stretch
-    are looked at (found by bisection), with the partition's unfinished jobs.
+    are looked at (found by bisection), with the partition's unfinished jobs. The index is
+    arrays made from ``Facts.jobs``' columns; a job's facts are made only when it held a
+    partition during a wait.
     """
 
     def __init__(self, facts: Facts):
         self._facts = facts
 
     @cached_property
-    def _index(self) -> dict[str, tuple[list, list[datetime], timedelta, list]]:
-        """Per partition: finished jobs as (position in ``Facts.jobs``, job), their starts,
-        the longest of them, and the unfinished jobs. Built at the first wait asked about."""
-        closed: dict[str, list[tuple[int, JobFacts]]] = defaultdict(list)
-        unfinished: dict[str, list[tuple[int, JobFacts]]] = defaultdict(list)
-        longest: dict[str, timedelta] = defaultdict(timedelta)
-        for position, job in enumerate(self._facts.jobs):  # ordered by start (Facts)
-            if job.gpus <= 0 or job.start_time is None:
-                continue
-            partition = job.partition or "unknown"
-            if job.end_time is None:
-                unfinished[partition].append((position, job))
-                continue
-            closed[partition].append((position, job))
-            longest[partition] = max(longest[partition], job.end_time - job.start_time)
-        return {
-            partition: (
-                closed[partition],
-                [job.start_time for _, job in closed[partition]],
-                longest[partition],
-                unfinished[partition],
+    def _team_codes(self) -> dict[str, int]:
+        teams = self._facts.jobs.frame.select(pl.col("team").fill_null("unknown").unique())
+        return {team: code for code, team in enumerate(sorted(teams["team"]))}
+
+    @cached_property
+    def _index(self) -> dict[str, _Partition]:
+        """Per partition, its jobs. Built at the first wait asked about."""
+        frame = (
+            self._facts.jobs.frame.lazy()
+            .filter((pl.col("gpus") > 0) & pl.col("start_time").is_not_null())
+            .select(
+                "position",
+                partition=pl.col("partition").fill_null("unknown"),
+                team=pl.col("team")
+                .fill_null("unknown")
+                .replace_strict(self._team_codes, return_dtype=pl.Int64),
+                start=pl.col("start_time").dt.epoch("us"),
+                end=pl.col("end_time").dt.epoch("us"),
             )
-            for partition in closed.keys() | unfinished.keys()
-        }
+            .collect()
+        )
+        out = {}
+        for (partition,), jobs in frame.partition_by(
+            "partition", as_dict=True, maintain_order=True
+        ).items():
+            closed = jobs.filter(pl.col("end").is_not_null())
+            unfinished = jobs.filter(pl.col("end").is_null())
+            lengths = closed["end"] - closed["start"]
+            out[partition] = _Partition(
+                closed["position"].to_numpy(),
+                closed["start"].to_numpy(),
+                closed["end"].to_numpy(),
+                closed["team"].to_numpy(),
+                max(int(lengths.max() or 0), 0),
+                unfinished["position"].to_numpy(),
+                unfinished["start"].to_numpy(),
+                unfinished["team"].to_numpy(),
+            )
+        return out
 
     def holders(self, wait: Wait) -> dict[str, list[JobFacts]]:
         """Other teams' GPU jobs running in the waiting job's partition while it waited,
         each team's in the order of ``Facts.jobs``."""
-        closed, starts, longest, unfinished = self._index.get(
-            wait.partition, ([], [], timedelta(0), [])
+        part = self._index.get(wait.partition)
+        if part is None:
+            return {}
+        since = _microseconds(wait.since)
+        started = _microseconds(wait.job.start_time)
+        team = self._team_codes.get(wait.team, -1)
+        lo = int(np.searchsorted(part.starts, since - part.longest, side="right"))
+        hi = int(np.searchsorted(part.starts, started, side="left"))
+        # the waiting job itself started at its own start, so it is not a candidate
+        during = (part.teams[lo:hi] != team) & (part.ends[lo:hi] > since)
+        still = (part.open_starts < started) & (part.open_teams != team)
+        positions = np.sort(
+            np.concatenate([part.positions[lo:hi][during], part.open_positions[still]])
         )
-        try:
-            lo = bisect_right(starts, wait.since - longest)
-        except OverflowError:  # a wait from year 1, or a job of millennia: look at all
-            lo = 0
-        hi = bisect_left(starts, wait.job.start_time)
-        candidates = closed[lo:hi] + [
-            (position, job) for position, job in unfinished if job.start_time < wait.job.start_time
-        ]
         out: dict[str, list[JobFacts]] = defaultdict(list)
-        for _, job in sorted(candidates, key=lambda item: item[0]):
-            # the waiting job itself started at its own start, so it is not a candidate
-            if (job.team or "unknown") == wait.team or (
-                job.end_time is not None and job.end_time <= wait.since
-            ):
-                continue
+        for job in self._facts.jobs.take(positions.tolist()):
             out[job.team or "unknown"].append(job)
         return dict(out)
 
 
-def by_team_and_partition(found: list[Wait]) -> list[dict]:
+def by_team_and_partition(found: Waits) -> list[dict]:
     """Jobs, wait hours and GPU-hours waited per (team, partition), most waited first."""
-    groups: dict[tuple[str, str], list[Wait]] = defaultdict(list)
-    for wait in found:
-        groups[(wait.team, wait.partition)].append(wait)
-    rows = []
-    for (team, partition), items in groups.items():
-        longest = max(items, key=lambda w: w.hours)
-        rows.append(
-            {
-                "team": team,
-                "partition": partition,
-                "jobs": len(items),
-                "wait_hours": round(sum(w.hours for w in items), 3),
-                "mean_wait_hours": round(sum(w.hours for w in items) / len(items), 3),
-                "longest_wait_hours": round(longest.hours, 3),
-                "longest_job": longest.job.job_id,
-                "gpu_hours_waited": round(sum(w.gpu_hours for w in items), 3),
-                "measured_from_submit": sum(1 for w in items if w.measured_from == "Submit"),
-            }
+    groups = found.frame.group_by("team", "partition", maintain_order=True).agg(
+        pl.len(),
+        in_order_sum("hours"),
+        pl.col("hours").max().alias("longest"),
+        # the first of the longest waits, as Python's ``max``
+        pl.col("job_id").get(pl.col("hours").arg_max()),
+        in_order_sum("gpu_hours"),
+        (pl.col("measured_from") == "Submit").sum(),
+    )
+    rows = [
+        {
+            "team": team,
+            "partition": partition,
+            "jobs": jobs,
+            "wait_hours": round(hours, 3),
+            "mean_wait_hours": round(hours / jobs, 3),
+            "longest_wait_hours": round(longest, 3),
+            "longest_job": longest_job,
+            "gpu_hours_waited": round(gpu_hours, 3),
+            "measured_from_submit": from_submit,
+        }
+        for team, partition, jobs, hours, longest, longest_job, gpu_hours, from_submit in (
+            groups.iter_rows()
         )
+    ]
     return sorted(rows, key=lambda r: (-r["gpu_hours_waited"], r["team"], r["partition"]))
 
 

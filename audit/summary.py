@@ -36,31 +36,38 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
         items = [f for f in active if f.family == prefix]
         family_rows.append({"family": prefix, "label": label, **_waste(items)})
     facts = shared_facts(con, config, shared)
-    items = facts.spend(result.window)
+    spent = facts.spend(result.window)
     by_team: dict[str, dict] = defaultdict(_bucket)
     by_method: dict[str, dict] = defaultdict(_bucket)
-    for item in items:
-        for bucket, key in ((by_team, item["team"]), (by_method, item["method"])):
-            bucket[key or "unknown"]["gpu_hours"] += item["gpu_hours"] or 0.0
-            bucket[key or "unknown"]["usd"] += item["usd"] or 0.0
+    for bucket, keys in ((by_team, spent.team), (by_method, spent.method)):
+        for key, gpu_hours, usd in zip(keys, spent.gpu_hours, spent.usd, strict=True):
+            sums = bucket[key or "unknown"]
+            sums["gpu_hours"] += gpu_hours or 0.0
+            sums["usd"] += usd or 0.0
     for f in active:
         for bucket, key in ((by_team, f.team), (by_method, f.method)):
             bucket[key or "unknown"]["waste_gpu_hours"] += f.gpu_hours or 0.0
             bucket[key or "unknown"]["waste_usd"] += f.usd or 0.0
     evaluates = shared_evaluation_runs(con, config, facts, shared).is_evaluation_run
-    evaluations = [i for i in items if i["run"] is not None and evaluates(i["run"])]
+    evaluations = [i for i, run in enumerate(spent.run) if run is not None and evaluates(run)]
     duplicates = [f for f in active if f.rule == "EVL001"]
     statuses = {r.rule: r.status for r in result.results}
-    unpriced = [i for i in items if i["gpu_hours"] is None]
+    unpriced = [i for i, gpu_hours in enumerate(spent.gpu_hours) if gpu_hours is None]
+    gpu_hours, usd = spent.gpu_hours, spent.usd
     spend = {
-        "runs": sum(1 for i in items if i["has_run"]),
-        "jobs_without_run": sum(1 for i in items if not i["has_run"]),
-        "gpu_hours": round(sum(i["gpu_hours"] or 0 for i in items), 3),
-        "usd": round(sum(i["usd"] or 0 for i in items), 2),
+        "runs": sum(spent.has_run),
+        "jobs_without_run": len(spent) - sum(spent.has_run),
+        "gpu_hours": round(sum(h or 0 for h in gpu_hours), 3),
+        "usd": round(sum(d or 0 for d in usd), 2),
         "runs_without_cost": len(unpriced),
-        "run_hours_without_cost": round(sum(i["run_hours"] or 0 for i in unpriced), 3),
+        "run_hours_without_cost": round(sum(spent.run_hours[i] or 0 for i in unpriced), 3),
         "gpu_hours_at_fallback_price": round(
-            sum(i["gpu_hours"] or 0 for i in items if i["fallback_price"]), 3
+            sum(
+                h or 0
+                for h, fallback in zip(gpu_hours, spent.fallback_price, strict=True)
+                if fallback
+            ),
+            3,
         ),
         "note": "GPU jobs and runs outside Slurm started in the window",
     }
@@ -80,9 +87,9 @@ def summarise(result: ScanResult, con, config: Config, shared: dict | None = Non
         "spend": spend,
         "evaluation": {
             "runs": len(evaluations),
-            "gpu_hours": round(sum(i["gpu_hours"] or 0 for i in evaluations), 3),
-            "usd": round(sum(i["usd"] or 0 for i in evaluations), 2),
-            "runs_without_cost": sum(1 for i in evaluations if i["gpu_hours"] is None),
+            "gpu_hours": round(sum(gpu_hours[i] or 0 for i in evaluations), 3),
+            "usd": round(sum(usd[i] or 0 for i in evaluations), 2),
+            "runs_without_cost": sum(1 for i in evaluations if gpu_hours[i] is None),
             "duplicate_gpu_hours": round(sum(f.gpu_hours or 0 for f in duplicates), 3),
             "duplicate_usd": round(sum(f.usd or 0 for f in duplicates), 2),
             "note": "spend of evaluation runs (of [attribution] eval_methods, tagged audit.kind=evaluation, or with lm-eval results); duplicates are EVL001 findings",

@@ -30,12 +30,17 @@ import gzip
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from heapq import merge
+from itertools import islice
 
 import polars as pl
 
-from audit.costs import Cost, Facts, JobFacts, RunFacts
+from audit.costs import Facts, RunFacts
+from audit.facts.cost_basis import Cost
+from audit.facts.jobs import JobFacts
 from audit.heap import long_lived
 from audit.text import listed
 from audit.warehouse.intervals import materialised, sample_hour, window_hours
@@ -158,6 +163,7 @@ class Allocation:
     user: str | None
     job: JobFacts | None = None
     run: RunFacts | None = None
+    position: int | None = None  # a job's place in ``Facts.jobs``
 
     @property
     def hours(self) -> float:
@@ -180,7 +186,9 @@ class Allocation:
         return f"job {self.job.job_id}" if self.job is not None else f"run {self.run.name!r}"
 
 
-def _allocation(owner, key: str, gpus: int, end, user: str | None) -> Allocation:
+def _allocation(
+    owner, key: str, gpus: int, end, user: str | None, position: int | None = None
+) -> Allocation:
     """The GPUs a job (or a run outside Slurm) held: its cost and attribution."""
     kind = "job" if isinstance(owner, JobFacts) else "run"
     return Allocation(
@@ -193,12 +201,24 @@ def _allocation(owner, key: str, gpus: int, end, user: str | None) -> Allocation
         team=owner.team,
         method=owner.method,
         user=user,
+        position=position,
         **{kind: owner},
     )
 
 
+def _job_allocation(job: JobFacts, position: int) -> Allocation:
+    key = f"job\0{job.cluster}\0{job.job_id}"
+    return _allocation(job, key, job.gpus, job.end_time, job.user_name, position)
+
+
 class UsageIndex:
-    """Allocations and their usage, computed once per scan and shared by the rules."""
+    """Allocations and their usage, computed once per scan and shared by the rules.
+
+    A job that can have no usage evidence (none of its time in the telemetry's span, no
+    jobstats summary, no sacct figure) is kept as a row of ``Facts.jobs``, not an
+    ``Allocation``: at a million jobs over two years and a week of telemetry, 96 % of
+    them, each judged "no data" and counted in a note. Its facts are made if a note
+    names it."""
 
     def __init__(self, con, facts: Facts):
         self.con = con
@@ -206,12 +226,15 @@ class UsageIndex:
         self._usage: dict[str, Usage] = {}  # by allocation key, computed when first asked
         self._allocations: list[Allocation] | None = None
         self._by_kind: list[tuple[list[Allocation], list[datetime]]] = []
+        # the jobs without evidence: position, start, hours, whether still running
+        self._unevidenced = pl.DataFrame()
         # judged pairs and notes by (window, min_hours): the four utilisation rules ask
         # for the same ones (each a pass over 100,000 allocations at L)
         self._judged: dict[tuple[Window, float], tuple[list, list[str]]] = {}
 
-    def allocations(self) -> list[Allocation]:
-        """Jobs' allocations by start, then runs' by start (each as ``Facts`` orders them)."""
+    def _allocated(self) -> list[Allocation]:
+        """Jobs' allocations by start, then runs' by start (each as ``Facts`` orders them),
+        but the jobs without evidence (``_unevidenced``)."""
         if self._allocations is None:
             with long_lived():
                 self._allocations = self._build_allocations()
@@ -220,11 +243,15 @@ class UsageIndex:
             self._by_kind = [(part, [a.start for a in part]) for part in (jobs, runs)]
         return self._allocations
 
+    def has_allocations(self) -> bool:
+        """Whether any GPU job or run with GPU system metrics was imported."""
+        return bool(self._allocated()) or not self._unevidenced.is_empty()
+
     def has_evidence(self) -> bool:
         """Whether any usage evidence was imported at all (for any allocation or host)."""
         if self.con.execute("SELECT EXISTS (SELECT 1 FROM gpu_samples)").fetchall()[0][0]:
             return True
-        usage = self._usage_of(self.allocations())
+        usage = self._usage_of(self._allocated())
         return any(u.status != "no data" for u in usage.values())
 
     def judged(
@@ -239,7 +266,7 @@ class UsageIndex:
         return list(pairs)
 
     def _judge(self, window: Window, min_hours: float) -> tuple[list, list[str]]:
-        self.allocations()
+        self._allocated()
         chosen = [
             a
             for part, starts in self._by_kind
@@ -248,25 +275,60 @@ class UsageIndex:
         ]
         usage = self._usage_of(chosen)
         out = []
-        unjudged = Unjudged()
+        unjudged = Unjudged(self._without_evidence)
         for alloc in chosen:
             use = usage[alloc.key]
             if use.status == "ok":
                 out.append((alloc, use))
             else:
                 unjudged.add(use.reason or use.why, alloc, use)
+        unevidenced = self._unevidenced.filter(
+            window.holds("start_time") & (pl.col("hours") >= min_hours)
+        )
+        for running, reason in ((False, NO_EVIDENCE), (True, NO_EVIDENCE + STILL_RUNNING)):
+            positions = unevidenced.filter(pl.col("running") == running)["position"]
+            unjudged.add_jobs(reason, positions.to_list())
         return out, unjudged.notes()
 
     # -- building ------------------------------------------------------------------------
     def _build_allocations(self) -> list[Allocation]:
-        out = []
-        for job in self.facts.jobs:
-            if job.gpus <= 0 or job.start_time is None or job.end_time is None:
-                continue
-            # the key is a field, not a cached property: those take a lock on Python 3.11
-            # (0.3 s for the 100,000 allocations at L)
-            key = f"job\0{job.cluster}\0{job.job_id}"
-            out.append(_allocation(job, key, job.gpus, job.end_time, job.user_name))
+        table = self.facts.jobs
+        # a sample counts for a window when its time lies in it (``in_window``): a job
+        # outside the samples' span has none
+        first, last = self.con.execute("SELECT min(ts), max(ts) FROM gpu_samples").fetchall()[0]
+        sampled = (
+            (pl.col("start_time") <= last) & (pl.col("end_time") > first)
+            if first is not None
+            else pl.lit(False)
+        )
+        # what ``_jobstats_usage`` and ``_sacct_usage`` may read
+        evidence = (
+            sampled
+            | pl.col("admin_comment").is_not_null()
+            | pl.col("max_gpu_util_pct").is_not_null()
+        )
+        held = (
+            table.frame.lazy()
+            .filter(
+                (pl.col("gpus") > 0)
+                & pl.col("start_time").is_not_null()
+                & pl.col("end_time").is_not_null()
+            )
+            .select(
+                "position",
+                "start_time",
+                "hours",
+                evidence=evidence,
+                running=pl.col("state") == "RUNNING",
+            )
+            .collect()
+        )
+        self._unevidenced = held.filter(~pl.col("evidence")).drop("evidence")
+        positions = held.filter(pl.col("evidence"))["position"].to_list()
+        out = [
+            _job_allocation(job, position)
+            for position, job in zip(positions, table.take(positions), strict=True)
+        ]
         for run in self.facts.runs:
             if (
                 run.job_id is not None
@@ -279,6 +341,11 @@ class UsageIndex:
             key = f"run\0{run.source_id}\0{run.run_id}"
             out.append(_allocation(run, key, int(run.cost.gpus), run.last_seen, run.user_id))
         return out
+
+    def _without_evidence(self, position: int) -> tuple[Allocation, Usage]:
+        """The allocation and "no data" usage of a job of ``_unevidenced`` (a note names it)."""
+        alloc = _job_allocation(self.facts.jobs[position], position)
+        return alloc, _no_evidence(alloc.gpus, alloc.job.hosts, alloc.job.state == "RUNNING")
 
     def _usage_of(self, wanted: list[Allocation]) -> dict[str, Usage]:
         """The usage of ``wanted`` (and of every allocation asked for before): one
@@ -352,8 +419,15 @@ class UsageIndex:
         return out
 
 
+NO_EVIDENCE = (
+    "no GPU usage evidence: no telemetry for their hosts, no tracker system metrics, "
+    "no jobstats summary, no sacct gres/gpuutil"
+)
+STILL_RUNNING = " (the job is still running)"
+
+
 def _no_evidence(gpus: int, hosts: list[str], running: bool) -> Usage:
-    still = " (the job is still running)" if running else ""
+    still = STILL_RUNNING if running else ""
     return Usage(
         "no data",
         gpus=gpus,
@@ -362,15 +436,13 @@ def _no_evidence(gpus: int, hosts: list[str], running: bool) -> Usage:
             f"no GPU usage evidence: no telemetry for its hosts ({', '.join(hosts) or 'unknown'}),"
             " no tracker system metrics, no jobstats summary, no sacct gres/gpuutil" + still
         ),
-        reason=(
-            "no GPU usage evidence: no telemetry for their hosts, no tracker system metrics, "
-            "no jobstats summary, no sacct gres/gpuutil" + still
-        ),
+        reason=NO_EVIDENCE + still,
     )
 
 
 NOTE_SUBJECTS = 10  # up to this many allocations with one reason get a note each
 NOTE_EXAMPLES = 5  # a note for more names this many of them
+_AFTER_JOBS = float("inf")  # a run's place: after every job, as ``UsageIndex`` orders them
 
 
 class Unjudged:
@@ -379,11 +451,16 @@ class Unjudged:
     ``notes()`` gives each its note, or, for a reason shared by more than
     ``NOTE_SUBJECTS`` allocations, one note with their count and the first few: a note per
     job for 90,000 jobs without telemetry is read by nobody and was most of a scan's
-    stored size (56 MB at 100,000 jobs).
+    stored size (56 MB at 100,000 jobs). Jobs may be added by their place in ``Facts.jobs``
+    alone (``add_jobs``); ``made`` gives the allocation and usage of one a note names.
+    Notes and their examples come in the allocations' order: jobs by place, then runs.
     """
 
-    def __init__(self) -> None:
-        self._by_reason: dict[str, list[tuple[Allocation, Usage, str | None]]] = {}
+    def __init__(self, made: Callable[[int], tuple[Allocation, Usage]] | None = None) -> None:
+        self._made = made
+        # per reason: (place, order added, allocation, usage, note); jobs by place alone
+        self._by_reason: dict[str, list[tuple]] = {}
+        self._jobs_by_reason: dict[str, list[int]] = {}
 
     def add(self, reason: str, alloc: Allocation, use: Usage, note: str | None = None) -> None:
         """``note``: the allocation's own note, by default its label and ``use.why`` (made
@@ -391,31 +468,53 @@ class Unjudged:
         group = self._by_reason.get(reason)
         if group is None:
             group = self._by_reason[reason] = []
-        group.append((alloc, use, note))
+        place = _AFTER_JOBS if alloc.position is None else alloc.position
+        group.append((place, len(group), alloc, use, note))
+
+    def add_jobs(self, reason: str, positions: list[int]) -> None:
+        """Jobs by their place in ``Facts.jobs``, ascending, that share ``reason``."""
+        if positions:
+            self._jobs_by_reason.setdefault(reason, []).extend(positions)
 
     def notes(self) -> list[str]:
-        notes = []
+        first = {}
         for reason, group in self._by_reason.items():
-            if len(group) <= NOTE_SUBJECTS:
+            first[reason] = group[0][:2]
+        for reason, positions in self._jobs_by_reason.items():
+            first[reason] = min(first.get(reason, (_AFTER_JOBS, 0)), (positions[0], -1))
+        notes = []
+        for reason in sorted(first, key=first.get):
+            group = self._by_reason.get(reason, [])
+            positions = self._jobs_by_reason.get(reason, [])
+            count = len(group) + len(positions)
+            shown = NOTE_SUBJECTS if count <= NOTE_SUBJECTS else NOTE_EXAMPLES
+            ordered = merge(group, ((p, -1, None, None, None) for p in positions))
+            examples = [self._entry(item) for item in islice(ordered, shown)]
+            if count <= NOTE_SUBJECTS:
                 notes.extend(
                     note if note is not None else f"{alloc.label}: {use.why}"
-                    for alloc, use, note in group
+                    for alloc, use, note in examples
                 )
                 continue
-            examples = ", ".join(
+            named = ", ".join(
                 f"{alloc.label} ({listed(use.hosts, 3)})" if use.hosts else alloc.label
-                for alloc, use, _ in group[:NOTE_EXAMPLES]
+                for alloc, use, _ in examples
             )
+            runs = sum(1 for _, _, alloc, _, _ in group if alloc.kind == "run")
             notes.append(
-                f"{_allocations_counted(group)}: {reason}; for example {examples} "
-                f"and {len(group) - NOTE_EXAMPLES:,} more"
+                f"{_allocations_counted(count - runs, runs)}: {reason}; for example {named} "
+                f"and {count - NOTE_EXAMPLES:,} more"
             )
         return notes
 
+    def _entry(self, item: tuple) -> tuple[Allocation, Usage, str | None]:
+        place, _, alloc, use, note = item
+        if alloc is None:
+            alloc, use = self._made(place)
+        return alloc, use, note
 
-def _allocations_counted(group: list[tuple[Allocation, Usage, str]]) -> str:
-    jobs = sum(1 for alloc, _, _ in group if alloc.kind == "job")
-    runs = len(group) - jobs
+
+def _allocations_counted(jobs: int, runs: int) -> str:
     parts = [
         f"{n:,} {kind}{'' if n == 1 else 's'}" for n, kind in ((jobs, "job"), (runs, "run")) if n
     ]

@@ -3,7 +3,8 @@
 A window is half-open, ``[since, until)``, in naive UTC; either end may be open (None).
 Rules judge an event by one moment (a run's start, a job's start) with ``contains``, or
 something that lasts (a checkpoint that existed, an idle stretch) with ``overlaps``. SQL
-gets the same test from ``condition``, with bound parameters.
+gets the same test from ``condition``, with bound parameters, and a polars frame from
+``holds``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
+
+import polars as pl
 
 from audit.errors import InputError
 
@@ -53,6 +56,18 @@ class Window:
             parts.append(f"{column} < ?")
             params.append(self.until)
         return (" AND ".join(parts) or "TRUE"), params
+
+    def holds(self, column: str) -> pl.Expr:
+        """``contains`` as a polars expression over a datetime ``column``."""
+        if self.since is None and self.until is None:
+            return pl.lit(True)
+        moment = pl.col(column)
+        held = moment.is_not_null()
+        if self.since is not None:
+            held &= moment >= self.since
+        if self.until is not None:
+            held &= moment < self.until
+        return held
 
     def describe(self) -> str:
         if self.label:

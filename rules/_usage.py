@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audit.costs import money
+from audit.facts.cost_basis import money
 from audit.facts.prices import card_of, cheapest_fit
 from audit.rule_api import Finding, Rule, RuleContext, Skip, Threshold, Waste
 from audit.usage import Allocation, Usage
@@ -23,8 +23,7 @@ def judged(ctx: RuleContext, min_minutes: float) -> list[tuple[Allocation, Usage
 
     Raises Skip when nothing can be judged at all, naming what to import.
     """
-    allocations = ctx.usage.allocations()
-    if not allocations:
+    if not ctx.usage.has_allocations():
         raise Skip("no Slurm GPU jobs and no runs with GPU system metrics imported")
     if not ctx.usage.has_evidence():
         raise Skip(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from audit.costs import hours_between
+from audit.facts.cost_basis import hours_between
 from audit.rule_api import Rule, RuleContext, Severity, Threshold, Waste, needing
 from audit.usage import gpu_usage
 

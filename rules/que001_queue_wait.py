@@ -67,20 +67,15 @@ class QueueWait(Rule):
 
     def check(self, ctx: RuleContext):
         found = waits(ctx.facts, ctx.window)
-        if not found:
+        if not len(found):
             return
         running = RunningJobs(ctx.facts)
         rows = by_team_and_partition(found)
         threshold = ctx.thresholds["team_gpu_hours_waited"]
-        long_wait = ctx.thresholds["long_wait_hours"]
-        by_team: dict[str, list] = {}
-        for wait in found:
-            by_team.setdefault(wait.team, []).append(wait)
-        for team, mine in sorted(by_team.items()):
+        long_waits = found.longest(ctx.thresholds["long_wait_hours"])
+        for team, jobs, hours, waited, from_submit, first_start in found.by_team():
             blocked = []
-            for wait in sorted(mine, key=lambda w: -w.hours):
-                if wait.hours < long_wait:
-                    break
+            for wait in map(found.wait, long_waits.get(team, [])):
                 sweeps = sweeps_holding(wait, running, int(ctx.thresholds["sweep_jobs"]))
                 if sweeps:
                     blocked.append(
@@ -91,20 +86,17 @@ class QueueWait(Rule):
                             "held_by": sweeps,
                         }
                     )
-            waited = sum(w.gpu_hours for w in mine)
             if waited < threshold and not blocked:
                 continue
-            hours = sum(w.hours for w in mine)
-            from_submit = sum(1 for w in mine if w.measured_from == "Submit")
             measured = (
-                f"wait measured from Submit for {from_submit} of {len(mine)} jobs (no Eligible "
+                f"wait measured from Submit for {from_submit} of {jobs} jobs (no Eligible "
                 "time recorded: the wait includes dependencies and holds)"
                 if from_submit
                 else "wait measured from Eligible"
             )
             partitions = [r for r in rows if r["team"] == team]
             message = (
-                f"team {team!r}: {len(mine)} GPU jobs waited {hours:.1f} h in the queue "
+                f"team {team!r}: {jobs} GPU jobs waited {hours:.1f} h in the queue "
                 f"({waited:.1f} GPU-h waited, threshold {threshold:g})"
             )
             if blocked:
@@ -124,11 +116,11 @@ class QueueWait(Rule):
                     "measured_from": measured,
                     "gpu_hours_waited": round(waited, 3),
                     "formula": (
-                        f"Σ GPUs × (start − eligible) over {len(mine)} jobs = {waited:.2f} GPU-h "
+                        f"Σ GPUs × (start − eligible) over {jobs} jobs = {waited:.2f} GPU-h "
                         "waited; management cost, not added to waste"
                     ),
                 },
                 risk_gpu_hours=waited,
                 team=team,
-                happened_at=min(w.job.start_time for w in mine),
+                happened_at=first_start,
             )

@@ -15,6 +15,8 @@ from datetime import date, datetime
 from functools import cache
 from pathlib import Path
 
+import polars as pl
+
 from audit.config import Config
 from audit.costs import shared_facts
 from audit.facts.shift import shared_shifts
@@ -208,7 +210,7 @@ def _activity(wh, config: Config, window: Window, shared: dict) -> dict:
     """What happened in the window: runs and GPU jobs started (a week without any says so)."""
     facts = shared_facts(wh.con, config, shared)
     runs = sum(1 for r in facts.runs if window.contains(r.start_time))
-    jobs = sum(1 for j in facts.jobs if j.gpus > 0 and window.contains(j.start_time))
+    jobs = facts.jobs.started(window).filter(pl.col("gpus") > 0).select(pl.len()).collect().item()
     return {"runs": runs, "gpu_jobs": jobs, "empty": runs == 0 and jobs == 0}
 
 
@@ -372,12 +374,15 @@ def _queue(wh, config: Config, window: Window, shared: dict) -> dict:
     """Queue wait per team and partition: a management cost, shown apart from waste."""
     facts = shared_facts(wh.con, config, shared)
     found = waits(facts, window)
-    longest = sorted(found, key=lambda w: (-w.hours, w.job.job_id))[:5]
+    totals = found.totals()
+    longest = found.frame.with_row_index("index").sort(
+        "hours", "job_id", descending=[True, False], maintain_order=True
+    )["index"][:5]
     return {
         "by_team_partition": by_team_and_partition(found),
-        "jobs": len(found),
-        "gpu_hours_waited": round(sum(w.gpu_hours for w in found), 2),
-        "measured_from_submit": sum(1 for w in found if w.measured_from == "Submit"),
+        "jobs": totals["jobs"],
+        "gpu_hours_waited": round(totals["gpu_hours"], 2),
+        "measured_from_submit": totals["from_submit"],
         "longest": [
             {
                 "job_id": w.job.job_id,
@@ -388,7 +393,7 @@ def _queue(wh, config: Config, window: Window, shared: dict) -> dict:
                 "wait_hours": round(w.hours, 2),
                 "measured_from": w.measured_from,
             }
-            for w in longest
+            for w in map(found.wait, longest)
         ],
     }
 

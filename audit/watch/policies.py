@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from audit.config import Config
-from audit.costs import team_of
+from audit.facts.cost_basis import team_of
 from audit.facts.prices import gpu_price
 from audit.importers.slurm import LiveJobs
 from audit.text import listed

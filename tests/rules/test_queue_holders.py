@@ -8,7 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.config import load_config
-from audit.costs import Cost, Facts, JobFacts
+from audit.costs import Facts
+from audit.facts.cost_basis import Cost
+from audit.facts.jobs import JobFacts
 from audit.queue import RunningJobs, Wait
 
 T0 = datetime(2026, 11, 23)
