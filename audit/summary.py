@@ -203,15 +203,18 @@ def owner_of(finding: Finding, facts: Facts) -> dict:
 
 
 def actions(findings: list[Finding], facts: Facts, count: int = ACTIONS) -> list[dict]:
-    """What to do first: the listed findings by dollars, then GPU-hours, then run-hours."""
+    """What to do first: the listed findings by dollars, then GPU-hours, then run-hours
+    wasted; among those without a waste figure, the more severe first, then the GPU-hours
+    at risk (a queue wait's are a management cost: they rank no info finding above a
+    high-severity one whose cost is unknown)."""
     ranked = sorted(
         findings,
         key=lambda f: (
             -(f.usd or 0.0),
             -(f.gpu_hours or 0.0),
             -(f.run_hours or 0.0),
-            -(f.risk_gpu_hours or 0.0),
             -int(f.severity),
+            -(f.risk_gpu_hours or 0.0),
             f.rule,
             f.id,
         ),

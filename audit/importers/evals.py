@@ -111,6 +111,8 @@ class EvalSource(RunFolderSource):
         self.locations: dict[str, str] = {}
         self.written: dict[str, Path] = {}  # run_id -> the file it was read from, this import
         self.result_rows = 0
+        self.results_files = 0  # files read that are evaluation results (new or not)
+        self.skipped: list[str] = []  # why each other file found in a folder was skipped
 
     # -- finding the files
     def units(self, paths: list[Path]) -> list[Path]:
@@ -156,13 +158,16 @@ class EvalSource(RunFolderSource):
         run = EvalRun(source_dir=root, run_id=digest[:32], experiment=root.name, signature=digest)
         if run.run_id in self.stored_in:
             run.unchanged = True
+            self.results_files += 1
             return ParsedUnit(run, rows_read=0)
         data = _load_json(unit, raw)
         if not is_lm_eval(data):
             problem = _not_results(data)
             if unit in self.named:
                 raise InputError(f"{unit}: {problem}")
+            self.skipped.append(f"{unit}: {problem}")
             return ParsedUnit(None, rows_read=0, notes=[f"{unit}: {problem}; skipped"])
+        self.results_files += 1
         try:
             evaluation = read_lm_eval(data, unit)
         except RecursionError:
@@ -215,6 +220,17 @@ class EvalSource(RunFolderSource):
         return {"eval_results": rows}
 
     def finish(self, con, summary: RunImport) -> None:
+        if not self.results_files and self.skipped:
+            # a folder of other JSON files (a model's config, a W&B run) is the wrong folder,
+            # not an import of nothing new
+            others = (
+                f" (and {counted(len(self.skipped) - 1, 'other file')})"
+                if len(self.skipped) > 1
+                else ""
+            )
+            raise InputError(
+                f"no evaluation results file among the files found: {self.skipped[0]}{others}"
+            )
         super().finish(con, summary)
         summary.detail = "new evaluation run"
         summary.extra += f", {counted(self.result_rows, 'evaluation result')}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -48,6 +49,24 @@ def test_real_dcgm_capture():
     assert by_host["424773df46e0"]["mem_total_mib"] == 15109.0
     assert by_host["424773df46e0"]["model"] == "Tesla T4"
     assert by_host["ip-11111"]["pod"] == "ray-llm/ray-1111111"
+
+
+def test_a_snapshot_without_timestamps_says_which_time_it_took(tmp_path):
+    lines = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n1"} 40\nDCGM_FI_DEV_GPU_UTIL{gpu="1",Hostname="n1"} 50'
+    snapshot = tmp_path / "metrics.txt"
+    snapshot.write_text(f"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n{lines}\n")
+    mtime = datetime(2026, 11, 16, 9, 30, tzinfo=UTC).timestamp()
+    os.utime(snapshot, (mtime, mtime))
+    read = read_telemetry(snapshot, UTC, at=None)
+    assert set(read.samples["ts"].to_list()) == {datetime(2026, 11, 16, 9, 30)}
+    assert read.notes == [
+        f"{snapshot}: 2 DCGM values without a timestamp, placed at the file's modification "
+        "time 2026-11-16 09:30:00 UTC (--at sets when it was scraped)"
+    ]
+    assert read_telemetry(snapshot, UTC, at=datetime(2026, 11, 17)).notes == []
+    timed = tmp_path / "timed.txt"
+    timed.write_text('DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n1"} 40 1763285400000\n')
+    assert read_telemetry(timed, UTC, at=None).notes == []
 
 
 def test_units_in_values_and_noheader(tmp_path):

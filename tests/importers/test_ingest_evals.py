@@ -507,6 +507,27 @@ def test_other_files_in_a_folder_are_skipped_with_a_note_and_refused_when_named(
     assert code == 2 and "no such file or folder" in err
 
 
+def test_a_folder_without_any_results_file_is_refused(tmp_path, run_cli):
+    # the wrong folder (a model's files, a W&B run) is an error, not "0 imported"
+    folder = tmp_path / "model"
+    config = write_results(folder / "config.json", {"architectures": ["LlamaForCausalLM"]})
+    write_results(folder / "tokenizer_config.json", {"model_max_length": 4096})
+    db = tmp_path / "w.duckdb"
+    code, out, err = run_cli("--db", str(db), "ingest", "evals", str(folder))
+    assert code == 2 and "no evaluation results file among the files found" in err, (out, err)
+    assert str(config) in err and "(and 1 other file)" in err and len(err.strip().splitlines()) == 1
+    assert not db.exists() or rows(db, "SELECT count(*) FROM runs") == [(0,)]
+    # with a results file beside them, the others are notes and the import goes on; read
+    # again, the results file is unchanged, not missing
+    write_results(folder / "results_2024-06-20T15-10-33.123456.json", results_document())
+    for imported in (
+        "imported 1 new evaluation run",
+        "imported 0 new evaluation runs, 1 unchanged",
+    ):
+        code, out, err = run_cli("--db", str(db), "ingest", "evals", str(folder))
+        assert code == 0 and imported in out, (out, err)
+
+
 def test_settings_values_and_times_as_recorded(tmp_path, run_cli):
     document = results_document()
     document["results"]["arc_easy"].update(

@@ -16,6 +16,7 @@ from audit.importers.telemetry.dcgm import (
     identifies_gpu,
 )
 from audit.importers.telemetry.samples import TelemetryFile, time_problem, value_problem
+from audit.text import counted
 
 SERIES_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
@@ -29,6 +30,7 @@ def read_exposition(
     skipped: list[str] = []
     notes: list[str] = []
     read = 0
+    untimed = 0  # samples placed at ``default_ts``: the line had no timestamp
     lines = content.splitlines()
     unterminated = not content.endswith("\n")
     for number, line in enumerate(lines, start=1):
@@ -48,8 +50,17 @@ def read_exposition(
             skipped.append(message)
             continue
         if sample is not None:
-            metric, labels, value, ts = sample
+            metric, labels, value, ts, timed = sample
+            untimed += not timed
             add_dcgm_value(rows, labels, metric, value, ts, host or path.stem, "dcgm")
+    if untimed and at is None:
+        # a saved snapshot is placed in time by its file's date, which a copy may have
+        # changed: the user is told, once, which moment was taken
+        notes.append(
+            f"{path}: {counted(untimed, 'DCGM value')} without a timestamp, placed at the "
+            f"file's modification time {default_ts:%Y-%m-%d %H:%M:%S} UTC (--at sets "
+            "when it was scraped)"
+        )
     return TelemetryFile(samples=dcgm_frame(rows), rows_read=read, skipped=skipped, notes=notes)
 
 
@@ -59,8 +70,8 @@ def read_exposition_text(label: str, content: str, host: str | None, at: datetim
 
 
 def _exposition_sample(line: str, default_ts: datetime) -> tuple | None:
-    """(metric, labels, value, ts) of a DCGM series line; None for other series; ValueError
-    saying what is wrong with a line that cannot be read."""
+    """(metric, labels, value, ts, whether the line gave ts) of a DCGM series line; None for
+    other series; ValueError saying what is wrong with a line that cannot be read."""
     match = SERIES_LINE.match(line)
     if not match:
         raise ValueError(f"expected 'METRIC{{labels}} value [timestamp_ms]', got {line[:80]!r}")
@@ -88,4 +99,4 @@ def _exposition_sample(line: str, default_ts: datetime) -> tuple | None:
     if problem:
         source = f"{ts_text} ms" if ts_text else "--at or the file's modification time"
         raise ValueError(f"{problem} ({source})")
-    return metric, labels, value, ts
+    return metric, labels, value, ts, bool(ts_text)
