@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from audit.costs import Facts
-from audit.facts.jobs import JobFacts
+from audit.facts.jobs import JobFacts, divided, seconds_between
 from audit.windows import Window
 
 _EPOCH = datetime(1970, 1, 1)
@@ -46,6 +46,14 @@ class Wait:
         return self.job.partition or "unknown"
 
 
+def or_unknown(column: str) -> pl.Expr:
+    """The column's text, "unknown" where it is missing or empty (``job.team or "unknown"``)."""
+    text = pl.col(column)
+    return (
+        pl.when(text.is_null() | (text == "")).then(pl.lit("unknown")).otherwise(text).alias(column)
+    )
+
+
 def in_order_sum(column: str) -> pl.Expr:
     """The column's sum added in row order, as Python's ``sum`` adds: polars' ``sum``
     adds in another order, and a float sum's last digits depend on the order."""
@@ -60,7 +68,6 @@ class Waits:
     def __init__(self, facts: Facts, window: Window):
         self._facts = facts
         since = pl.coalesce("eligible_time", "submit_time")
-        waited = (pl.col("start_time") - since).dt.total_microseconds() / 1e6
         self.frame = (
             facts.jobs.started(window)
             .filter((pl.col("gpus") > 0) & pl.col("start_time").is_not_null())
@@ -70,13 +77,15 @@ class Waits:
                 "job_id",
                 "gpus",
                 "start_time",
-                team=pl.col("team").fill_null("unknown"),
-                partition=pl.col("partition").fill_null("unknown"),
+                team=or_unknown("team"),
+                partition=or_unknown("partition"),
                 since=since,
                 measured_from=pl.when(pl.col("eligible_time").is_not_null())
                 .then(pl.lit("Eligible"))
                 .otherwise(pl.lit("Submit")),
-                hours=waited.clip(lower_bound=0.0) / 3600,
+            )
+            .with_columns(
+                hours=divided(seconds_between("since", "start_time").clip(lower_bound=0.0), 3600)
             )
             .with_columns(gpu_hours=pl.col("gpus").cast(pl.Float64) * pl.col("hours"))
             .collect()
@@ -97,7 +106,8 @@ class Waits:
         jobs, gpu_hours, from_submit = self.frame.select(
             pl.len(), in_order_sum("gpu_hours"), (pl.col("measured_from") == "Submit").sum()
         ).row(0)
-        return {"jobs": jobs, "gpu_hours": gpu_hours, "from_submit": from_submit}
+        # no wait: 0, as Python's ``sum`` of nothing
+        return {"jobs": jobs, "gpu_hours": gpu_hours if jobs else 0, "from_submit": from_submit}
 
     def by_team(self) -> list[tuple[str, int, float, float, int, datetime]]:
         """Per team, by name: (team, jobs, hours waited, GPU-hours waited, waits measured
@@ -172,7 +182,7 @@ class RunningJobs:
 
     @cached_property
     def _team_codes(self) -> dict[str, int]:
-        teams = self._facts.jobs.frame.select(pl.col("team").fill_null("unknown").unique())
+        teams = self._facts.jobs.frame.select(or_unknown("team").unique())
         return {team: code for code, team in enumerate(sorted(teams["team"]))}
 
     @cached_property
@@ -183,10 +193,8 @@ class RunningJobs:
             .filter((pl.col("gpus") > 0) & pl.col("start_time").is_not_null())
             .select(
                 "position",
-                partition=pl.col("partition").fill_null("unknown"),
-                team=pl.col("team")
-                .fill_null("unknown")
-                .replace_strict(self._team_codes, return_dtype=pl.Int64),
+                partition=or_unknown("partition"),
+                team=or_unknown("team").replace_strict(self._team_codes, return_dtype=pl.Int64),
                 start=pl.col("start_time").dt.epoch("us"),
                 end=pl.col("end_time").dt.epoch("us"),
             )

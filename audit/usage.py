@@ -319,7 +319,8 @@ class UsageIndex:
                 "start_time",
                 "hours",
                 evidence=evidence,
-                running=pl.col("state") == "RUNNING",
+                # a job without a state is not running (``job.state == "RUNNING"``)
+                running=(pl.col("state") == "RUNNING").fill_null(False),
             )
             .collect()
         )

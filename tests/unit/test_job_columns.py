@@ -20,21 +20,25 @@ from audit.costs import Facts
 from audit.facts.cost_basis import Cost
 from audit.facts.jobs import JobFacts, JobTable
 from audit.queue import by_team_and_partition, in_order_sum, waits
+from audit.testing import build_warehouse
+from audit.usage import UsageIndex
 from audit.windows import Window
 from tests.helpers import property_examples
 
 T0 = datetime(2026, 11, 23)
-hours_or_none = st.none() | st.integers(-2, 40)
+# seconds, not hours: a wait of 109,188 s over four jobs is 7.5825 h on the dot, and a
+# quotient one unit in the last place off rounds it the other way
+seconds_or_none = st.none() | st.integers(-7_200, 150_000)
 
 
 @st.composite
 def jobs(draw) -> list[JobFacts]:
     out = []
     for i in range(draw(st.integers(0, 25))):
-        start = draw(hours_or_none)
-        start_time = None if start is None else T0 + timedelta(hours=start)
-        end = draw(hours_or_none)
-        submit, eligible = draw(hours_or_none), draw(hours_or_none)
+        start = draw(seconds_or_none)
+        start_time = None if start is None else T0 + timedelta(seconds=start)
+        end = draw(seconds_or_none)
+        submit, eligible = draw(seconds_or_none), draw(seconds_or_none)
         elapsed = draw(st.none() | st.integers(0, 200_000))
         gpus = draw(st.integers(0, 8))
         price_key = draw(st.sampled_from(["H100", "default (card model unknown)"]))
@@ -46,23 +50,23 @@ def jobs(draw) -> list[JobFacts]:
                 name=None,
                 user_name=None,
                 account=None,
-                partition=draw(st.sampled_from([None, "a100", "h100"])),
+                partition=draw(st.sampled_from([None, "", "a100", "h100"])),
                 state=draw(st.sampled_from([None, "COMPLETED", "RUNNING"])),
-                submit_time=None if submit is None else T0 + timedelta(hours=submit),
+                submit_time=None if submit is None else T0 + timedelta(seconds=submit),
                 start_time=start_time,
-                end_time=None if end is None else T0 + timedelta(hours=end),
+                end_time=None if end is None else T0 + timedelta(seconds=end),
                 elapsed_s=elapsed,
                 timelimit_s=None,
                 gpus=gpus,
                 gpu_type=None,
                 hosts=[],
                 run_ids=[],
-                team=draw(st.sampled_from([None, "nlp", "vision"])),
+                team=draw(st.sampled_from([None, "", "nlp", "vision"])),
                 team_source=None,
                 method=None,
                 base_model=None,
                 cost=Cost("slurm", float(gpus), None, cost_hours, 2.5, price_key, "test"),
-                eligible_time=None if eligible is None else T0 + timedelta(hours=eligible),
+                eligible_time=None if eligible is None else T0 + timedelta(seconds=eligible),
             )
         )
     # Facts orders jobs by start, unknown starts last
@@ -192,3 +196,39 @@ def test_sums_add_in_row_order_as_python_does():
     assert frame.select(in_order_sum("x")).item() == sum(values)
     assert frame.select(pl.col("x").sum()).item() != sum(values)  # the reason it exists
     assert pl.DataFrame({"x": []}, schema={"x": pl.Float64}).select(in_order_sum("x")).item() == 0
+
+
+def test_a_warehouse_s_jobs_read_as_their_facts_read_them(tmp_path):
+    """Through ``Facts.load``: hours to the last digit (polars divides by a constant as a
+    product with its reciprocal; these jobs' figures round the other way then), a job
+    without a state, an empty partition."""
+    waited = [575, 28_157, 35_272, 45_184]  # 7.5825 h on average: on a rounding boundary
+    jobs = [
+        {"job_id": 1, "gpus": 1, "start": 0, "end": 45_818 / 3600},
+        {"job_id": 2, "gpus": 1, "start": 0, "end": 159_136 / 3600, "partition": ""},
+        *(
+            {"job_id": 10 + i, "gpus": g, "eligible": 0, "start": s / 3600, "end": 30}
+            for i, (g, s) in enumerate(zip([4, 1, 2, 1], waited, strict=True))
+        ),
+        # no usage evidence (as the jobs above), two without a state: one note counts all
+        *({"job_id": 100 + i, "host": f"x{i}", "end": 2} for i in range(10)),
+        *({"job_id": 200 + i, "state": None, "host": "y", "end": 2} for i in range(2)),
+        {"job_id": 300, "max_gpu_util_pct": 50.0, "max_gpu_mem_bytes": 2**30, "end": 2},
+    ]
+    wh, config = build_warehouse(tmp_path / "w.duckdb", {"jobs": jobs})
+    try:
+        facts = Facts.load(wh.con, config)
+        for job in facts.jobs:
+            assert job.cost.hours == job.elapsed_s / 3600
+        found = waits(facts, Window())
+        defined = _waits_defined(facts, Window())
+        assert [found.wait(i).hours for i in range(len(found))] == [w[3] for w in defined]
+        assert by_team_and_partition(found) == _by_team_and_partition_defined(defined)
+        spent = facts.spend(Window())
+        assert spent.usd == [j.cost.usd for j in facts.jobs if j.gpus > 0]
+        notes: list[str] = []
+        UsageIndex(wh.con, facts).judged(Window(), 0.5, notes)
+    finally:
+        wh.close()
+    # every job but the one with sacct's figure, those without a state too
+    assert next(n for n in notes if "no GPU usage evidence" in n).startswith("18 jobs: ")
