@@ -386,11 +386,12 @@ class Facts:
                 team=pl.col("team"),
                 method=pl.when(pl.col("runs") > 0).then(pl.col("method")).otherwise(pl.lit("none")),
                 first_run_id=pl.col("first_run_id"),
-                # as ``Cost.gpu_hours`` and ``Cost.usd``
+                # as ``Cost.gpu_hours``, then ``Cost.usd``
                 gpu_hours=pl.col("gpus").cast(pl.Float64) * pl.col("hours"),
-                usd=pl.col("gpus").cast(pl.Float64) * pl.col("hours") * pl.col("price"),
+                price=pl.col("price"),
                 fallback_price=pl.col("price_key").str.starts_with("default"),
             )
+            .with_columns(usd=pl.col("gpu_hours") * pl.col("price"))
             .collect()
         )
         spend = Spend(

@@ -22,7 +22,7 @@ from datetime import datetime
 
 import polars as pl
 
-from audit.facts.cost_basis import HOUR, TEAM_SOURCES, Cost, hours_between, named_card
+from audit.facts.cost_basis import HOUR, Cost, hours_between, named_card, team_of
 from audit.facts.prices import Prices
 from audit.windows import Window
 
@@ -289,33 +289,26 @@ def load_jobs(con, order: list[str], prices: Prices) -> JobTable:
     frame = frame.with_row_index("position").with_columns(
         pl.col("position").cast(pl.Int64), pl.col("gpus").cast(pl.Int64)
     )
-    # the card and its price per distinct (allocation type, host model) and cluster: a few
-    # names, so decided in Python once each and joined back
-    cards = frame.select("allocated_type", "host_model").unique()
-    cards = cards.with_columns(
-        pl.Series(
-            "gpu_type",
-            [named_card(a, h) for a, h in cards.iter_rows()],
-            dtype=pl.String,
-        )
+    # the card, its price and the team of a job without runs: a few distinct names each
+    frame = _decided(frame, ["allocated_type", "host_model"], {"gpu_type": pl.String}, _card_of)
+    frame = _decided(
+        frame,
+        ["gpu_type", "cluster"],
+        {"price": pl.Float64, "price_key": pl.String},
+        lambda card, cluster: _priced(prices(card, cluster)),
     )
-    frame = frame.join(cards, on=["allocated_type", "host_model"], how="left", nulls_equal=True)
-    priced = frame.select("gpu_type", "cluster").unique()
-    found = [prices(card, cluster) for card, cluster in priced.iter_rows()]
-    priced = priced.with_columns(
-        pl.Series("price", [p.usd for p in found], dtype=pl.Float64),
-        pl.Series("price_key", [p.key for p in found], dtype=pl.String),
+    frame = _decided(
+        frame,
+        ["account", "user_name"],
+        {"team": pl.String, "team_source": pl.String},
+        lambda account, user: team_of(order, None, account, user),  # a job has no team tag
     )
-    frame = frame.join(priced, on=["gpu_type", "cluster"], how="left", nulls_equal=True)
-    team, source = _team_columns(order)
     frame = frame.with_columns(
         # as ``JobFacts.hours``: sacct's elapsed time, else end - start
         pl.when(pl.col("elapsed_s").is_not_null())
         .then(divided(pl.col("elapsed_s"), HOUR))
         .otherwise(divided(seconds_between("start_time", "end_time").clip(lower_bound=0.0), HOUR))
         .alias("hours"),
-        team.alias("team"),
-        source.alias("team_source"),
         pl.lit(None, pl.String).alias("method"),
         pl.lit(None, pl.String).alias("base_model"),
         pl.lit(0, pl.Int64).alias("runs"),
@@ -341,16 +334,24 @@ def seconds_between(start: str, end: str) -> pl.Expr:
     return divided((pl.col(end) - pl.col(start)).dt.total_microseconds(), 1e6)
 
 
-def _team_columns(order: list[str]) -> tuple[pl.Expr, pl.Expr]:
-    """``team_of`` for a job without runs, as columns: the first of ``order`` set, of the
-    account and the user (a job has no team tag)."""
-    team, source = pl.lit(None, pl.String), pl.lit(None, pl.String)
-    columns = {"account": "account", "user": "user_name"}
-    for name in reversed(order):
-        if name not in TEAM_SOURCES or name not in columns:
-            continue
-        column = pl.col(columns[name])
-        known = column.is_not_null() & (column != "")
-        team = pl.when(known).then(column).otherwise(team)
-        source = pl.when(known).then(pl.lit(name)).otherwise(source)
-    return team, source
+def _decided(
+    frame: pl.DataFrame, keys: list[str], columns: dict[str, pl.DataType], decide
+) -> pl.DataFrame:
+    """``frame`` with ``columns``, decided by ``decide(*keys)`` (a tuple) in Python once per
+    distinct value of ``keys``, and joined back: the shared functions decide, for a million
+    jobs at the cost of their few distinct names."""
+    distinct = frame.select(keys).unique()
+    decided = [decide(*row) for row in distinct.iter_rows()]
+    distinct = distinct.with_columns(
+        pl.Series(name, [values[i] for values in decided], dtype=dtype)
+        for i, (name, dtype) in enumerate(columns.items())
+    )
+    return frame.join(distinct, on=keys, how="left", nulls_equal=True)
+
+
+def _card_of(allocated: str | None, host_model: str | None) -> tuple[str | None]:
+    return (named_card(allocated, host_model),)
+
+
+def _priced(price) -> tuple[float, str]:
+    return price.usd, price.key

@@ -85,6 +85,13 @@ windows = st.sampled_from(
 )
 
 
+EXAMPLES = settings(
+    max_examples=property_examples(replay=150, explore=2000),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
 def _waits_defined(facts: Facts, window: Window) -> list[tuple]:
     out = []
     for job in facts.jobs:
@@ -122,11 +129,7 @@ def _by_team_and_partition_defined(found: list[tuple]) -> list[dict]:
     return sorted(rows, key=lambda r: (-r["gpu_hours_waited"], r["team"], r["partition"]))
 
 
-@settings(
-    max_examples=property_examples(replay=150, explore=2000),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@EXAMPLES
 @given(made=jobs(), window=windows)
 def test_waits_and_their_sums_are_the_facts(made, window):
     facts = Facts(load_config(None), runs=[], jobs=made)
@@ -150,11 +153,7 @@ def test_waits_and_their_sums_are_the_facts(made, window):
         assert first_start == min(w[0].start_time for w in mine)
 
 
-@settings(
-    max_examples=property_examples(replay=150, explore=2000),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@EXAMPLES
 @given(made=jobs(), window=windows)
 def test_spend_of_the_jobs_is_their_costs(made, window):
     facts = Facts(load_config(None), runs=[], jobs=made)
